@@ -1,0 +1,498 @@
+"""``memory://`` — an in-process store for tests and embedding.
+
+Every operation runs synchronously on the event loop between two awaits, which makes it
+atomic without locks. Nothing survives the process, and each ``memory://`` storage is
+its own store (two ``Taskmill("memory://")`` objects do not share tasks).
+
+Claims are served from one heap per ``(app_id, task_type)`` ordered by (priority DESC,
+creation ASC) plus one heap of tasks not yet due, so a claim costs O(batch · log n)
+however many tasks are queued.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Self
+
+import attrs
+
+from taskmill.errors import InvalidTransition, InvalidURL, TaskNotFound
+from taskmill.model import (
+    NO_PROGRESS,
+    Attempt,
+    AttemptOutcome,
+    CancelReason,
+    ProgressSummary,
+    Task,
+    TaskFilter,
+    TaskStatus,
+)
+from taskmill.serialization import loads
+from taskmill.storage import (
+    ClaimRequest,
+    Finish,
+    FinishKind,
+    HandlerKey,
+    Lease,
+    NewTask,
+    ProgressUpdate,
+    StorageCapabilities,
+    TaskStorage,
+    from_timestamp,
+    wall_clock,
+)
+
+_PENDING = TaskStatus.PENDING
+_RUNNING = TaskStatus.RUNNING
+QueueKey = tuple[str | None, str]
+_ReadyEntry = tuple[int, int, str]  # (-priority, seq, task id)
+
+
+class MemoryStorage(TaskStorage):
+    """In-process storage. See the module docstring for its guarantees and limits."""
+
+    capabilities = StorageCapabilities(durable=False, shared_between_processes=False)
+
+    def __init__(self, url: str = "memory://") -> None:
+        self.url = url
+        self._tasks: dict[str, Task] = {}
+        self._seq: dict[str, int] = {}
+        self._next_seq = 0
+        self._ready: dict[QueueKey, list[_ReadyEntry]] = {}
+        self._delayed: list[tuple[float, int, str]] = []
+        self._running: set[str] = set()
+        self._leaders: dict[tuple[str | None, str, str], str] = {}
+        self._aliases: dict[str, list[str]] = {}
+        self._log: dict[str, list[Attempt]] = {}
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> Self:
+        if options:
+            raise InvalidURL(f"memory:// takes no options, got: {', '.join(sorted(options))}")
+        return cls(url)
+
+    async def open(self, *, auto_migrate: bool = False) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def migrate(self) -> int:
+        return 1
+
+    # -- queue bookkeeping ---------------------------------------------------------
+
+    def _queue(self, task: Task, now: float) -> None:
+        """Put a PENDING leader where claims will find it."""
+        seq = self._seq[task.id]
+        due = task.run_at.timestamp()
+        if due > now:
+            heapq.heappush(self._delayed, (due, seq, task.id))
+        else:
+            heap = self._ready.setdefault((task.app_id, task.task_type), [])
+            heapq.heappush(heap, (-task.priority, seq, task.id))
+
+    def _promote_due(self, now: float) -> None:
+        delayed = self._delayed
+        while delayed and delayed[0][0] <= now:
+            _, seq, task_id = heapq.heappop(delayed)
+            task = self._tasks.get(task_id)
+            if task is not None and task.status is _PENDING and task.run_at.timestamp() <= now:
+                heap = self._ready.setdefault((task.app_id, task.task_type), [])
+                heapq.heappush(heap, (-task.priority, seq, task.id))
+
+    def _claimable(self, entry: _ReadyEntry) -> Task | None:
+        task = self._tasks.get(entry[2])
+        if task is None or task.status is not _PENDING or task.alias_of is not None:
+            return None
+        return task
+
+    # -- writing -------------------------------------------------------------------
+
+    async def enqueue(self, tasks: Sequence[NewTask]) -> list[Task]:
+        now_ts = wall_clock()
+        now = from_timestamp(now_ts)
+        stored: list[Task] = []
+        for new in tasks:
+            alias_of = None
+            if new.dedupe_key is not None:
+                scope = (new.app_id, new.task_type, new.dedupe_key)
+                alias_of = self._leaders.get(scope)
+                if alias_of is None:
+                    self._leaders[scope] = new.id
+            task = Task(
+                id=new.id,
+                task_type=new.task_type,
+                status=_PENDING,
+                created_at=now,
+                run_at=new.run_at or now,
+                updated_at=now,
+                app_id=new.app_id,
+                params=loads(new.params_json),
+                priority=new.priority,
+                max_retries=new.max_retries,
+                dedupe_key=new.dedupe_key,
+                alias_of=alias_of,
+                parent_id=new.parent_id,
+                user_id=new.user_id,
+            )
+            self._tasks[task.id] = task
+            self._seq[task.id] = self._next_seq
+            self._next_seq += 1
+            if alias_of is None:
+                self._queue(task, now_ts)
+            else:
+                self._aliases.setdefault(alias_of, []).append(task.id)
+            stored.append(task)
+        return stored
+
+    async def claim_batch(self, request: ClaimRequest) -> list[Task]:
+        now_ts = wall_clock()
+        self._promote_due(now_ts)
+        now = from_timestamp(now_ts)
+        lease_until = from_timestamp(now_ts + request.lease_seconds)
+        handlers = request.handlers
+        # Which heaps each handler key draws from.
+        sources: dict[QueueKey, HandlerKey] = {}
+        for queue_key in self._ready:
+            app_id, task_type = queue_key
+            if (app_id, task_type) in handlers:
+                sources[queue_key] = (app_id, task_type)
+            elif (None, task_type) in handlers:
+                sources[queue_key] = (None, task_type)
+        counts: dict[HandlerKey, int] = {}
+        claimed: list[Task] = []
+        min_priority = request.min_priority
+        while len(claimed) < request.limit and sources:
+            best: QueueKey | None = None
+            best_entry: _ReadyEntry | None = None
+            for queue_key in list(sources):
+                heap = self._ready[queue_key]
+                while heap and self._claimable(heap[0]) is None:
+                    heapq.heappop(heap)
+                if not heap:
+                    del sources[queue_key]
+                    continue
+                if best_entry is None or heap[0] < best_entry:
+                    best, best_entry = queue_key, heap[0]
+            if best is None or best_entry is None:
+                break
+            if min_priority is not None and -best_entry[0] < min_priority:
+                break
+            key = sources[best]
+            cap = handlers[key]
+            if cap is not None and counts.get(key, 0) >= cap:
+                for queue_key in [q for q, k in sources.items() if k == key]:
+                    del sources[queue_key]
+                continue
+            heapq.heappop(self._ready[best])
+            task = self._tasks[best_entry[2]]
+            task = attrs.evolve(
+                task,
+                status=_RUNNING,
+                attempts=task.attempts + 1,
+                worker_id=request.worker_id,
+                started_at=now,
+                updated_at=now,
+                lease_expires_at=lease_until,
+            )
+            self._tasks[task.id] = task
+            self._running.add(task.id)
+            counts[key] = counts.get(key, 0) + 1
+            claimed.append(task)
+        return claimed
+
+    def _held(self, lease: Lease) -> Task | None:
+        task = self._tasks.get(lease.task_id)
+        if (
+            task is None
+            or task.status is not _RUNNING
+            or task.worker_id != lease.worker_id
+            or task.attempts != lease.attempt
+        ):
+            return None
+        return task
+
+    def _log_attempt(self, attempt: Attempt) -> None:
+        self._log.setdefault(attempt.task_id, []).append(attempt)
+
+    def _settle(
+        self,
+        task: Task,
+        status: TaskStatus,
+        now_ts: float,
+        *,
+        attempts: int | None = None,
+        run_at: datetime | None = None,
+        **changes: Any,
+    ) -> Task:
+        """Write a transition out of RUNNING (or PENDING) and follow its consequences."""
+        now = from_timestamp(now_ts)
+        if status.terminal:
+            changes["finished_at"] = now
+        task = attrs.evolve(
+            task,
+            status=status,
+            attempts=task.attempts if attempts is None else attempts,
+            run_at=run_at or task.run_at,
+            updated_at=now,
+            worker_id=None,
+            lease_expires_at=None,
+            **changes,
+        )
+        self._tasks[task.id] = task
+        self._running.discard(task.id)
+        if status is _PENDING:
+            self._queue(task, now_ts)
+        elif task.dedupe_key is not None:
+            scope = (task.app_id, task.task_type, task.dedupe_key)
+            if self._leaders.get(scope) == task.id:
+                del self._leaders[scope]
+            for alias_id in self._aliases.pop(task.id, ()):
+                alias = self._tasks.get(alias_id)
+                if alias is not None and alias.status is _PENDING:
+                    self._tasks[alias_id] = attrs.evolve(
+                        alias,
+                        status=status,
+                        result=task.result,
+                        error=task.error,
+                        cancel_reason=task.cancel_reason,
+                        finished_at=now,
+                        updated_at=now,
+                    )
+        return task
+
+    async def finish_batch(self, finishes: Sequence[Finish]) -> list[Task | None]:
+        now_ts = wall_clock()
+        results: list[Task | None] = []
+        for finish in finishes:
+            task = self._held(finish.lease)
+            if task is None:
+                results.append(None)
+                continue
+            kind = finish.kind
+            requested = task.cancel_reason
+            if requested is not None and kind in (FinishKind.RETRY, FinishKind.FAIL):
+                kind = FinishKind.RELEASE
+            extra: dict[str, Any] = {}
+            if finish.data is not None:
+                extra["data"] = finish.data
+            if finish.progress is not None:
+                extra["progress"] = finish.progress
+            outcome = finish.outcome
+            if kind is FinishKind.COMPLETE:
+                result = None if finish.result_json is None else loads(finish.result_json)
+                task = self._settle(
+                    task, TaskStatus.COMPLETED, now_ts, result=result, error=None,
+                    cancel_reason=None, **extra,
+                )
+            elif kind is FinishKind.RETRY:
+                task = self._settle(
+                    task, _PENDING, now_ts,
+                    run_at=from_timestamp(now_ts + finish.retry_in),
+                    error=finish.error, **extra,
+                )
+            elif kind is FinishKind.FAIL:
+                task = self._settle(
+                    task, TaskStatus.FAILED, now_ts, error=finish.error, **extra
+                )
+            elif kind is FinishKind.RELEASE:
+                outcome = AttemptOutcome.INTERRUPTED
+                task = self._settle(
+                    task, _PENDING, now_ts, attempts=task.attempts - 1,
+                    run_at=from_timestamp(now_ts), cancel_reason=None, **extra,
+                )
+            else:
+                task = self._settle(
+                    task, TaskStatus.CANCELLED, now_ts,
+                    cancel_reason=finish.cancel_reason or CancelReason.USER,
+                    error=finish.error, **extra,
+                )
+            self._log_attempt(
+                Attempt(
+                    task_id=task.id,
+                    number=finish.lease.attempt,
+                    worker_id=finish.lease.worker_id,
+                    started_at=finish.started_at,
+                    finished_at=finish.finished_at,
+                    outcome=outcome,
+                    error=finish.error if outcome is not AttemptOutcome.COMPLETED else None,
+                )
+            )
+            results.append(task)
+        return results
+
+    async def renew_leases(
+        self, leases: Sequence[Lease], lease_seconds: float
+    ) -> dict[str, CancelReason | None]:
+        now_ts = wall_clock()
+        until = from_timestamp(now_ts + lease_seconds)
+        held: dict[str, CancelReason | None] = {}
+        for lease in leases:
+            task = self._held(lease)
+            if task is None:
+                continue
+            self._tasks[task.id] = attrs.evolve(task, lease_expires_at=until)
+            held[task.id] = task.cancel_reason
+        return held
+
+    async def save_progress(self, updates: Sequence[ProgressUpdate]) -> set[str]:
+        now = from_timestamp(wall_clock())
+        written: set[str] = set()
+        for update in updates:
+            task = self._held(update.lease)
+            if task is None:
+                continue
+            changes: dict[str, Any] = {"updated_at": now}
+            if update.progress is not None:
+                changes["progress"] = update.progress
+            if update.data is not None:
+                changes["data"] = update.data
+            self._tasks[task.id] = attrs.evolve(task, **changes)
+            written.add(task.id)
+        return written
+
+    async def rescue_expired(self, *, limit: int = 1000) -> list[Task]:
+        now_ts = wall_clock()
+        now = from_timestamp(now_ts)
+        rescued: list[Task] = []
+        for task_id in list(self._running):
+            if len(rescued) >= limit:
+                break
+            task = self._tasks[task_id]
+            if task.lease_expires_at is None or task.lease_expires_at > now:
+                continue
+            worker_id, number, started = task.worker_id, task.attempts, task.started_at
+            if task.cancel_reason is not None:
+                task = self._settle(
+                    task, _PENDING, now_ts, attempts=task.attempts - 1, run_at=now,
+                    cancel_reason=None,
+                )
+            elif task.attempts < task.max_retries + 1:
+                task = self._settle(task, _PENDING, now_ts, run_at=now, error="lease expired")
+            else:
+                task = self._settle(task, TaskStatus.FAILED, now_ts, error="lease expired")
+            self._log_attempt(
+                Attempt(
+                    task_id=task_id,
+                    number=number,
+                    worker_id=worker_id or "",
+                    started_at=started or now,
+                    finished_at=now,
+                    outcome=AttemptOutcome.LOST,
+                    error="lease expired",
+                )
+            )
+            rescued.append(task)
+        return rescued
+
+    async def retry(self, task_id: str) -> Task:
+        task = self._tasks.get(task_id)
+        if task is None:
+            raise TaskNotFound(f"no task {task_id}")
+        if task.status not in (TaskStatus.FAILED, TaskStatus.CANCELLED):
+            raise InvalidTransition(
+                f"task {task_id} is {task.status.value}; only failed or cancelled tasks "
+                "can be retried"
+            )
+        if task.alias_of is not None:
+            raise InvalidTransition(
+                f"task {task_id} is an alias of {task.alias_of}; retry the leader"
+            )
+        now_ts = wall_clock()
+        now = from_timestamp(now_ts)
+        if task.dedupe_key is not None:
+            scope = (task.app_id, task.task_type, task.dedupe_key)
+            if scope in self._leaders:
+                raise InvalidTransition(
+                    f"task {task_id} cannot be retried: task {self._leaders[scope]} is "
+                    f"already active for dedupe key {task.dedupe_key!r}"
+                )
+            self._leaders[scope] = task.id
+        task = attrs.evolve(
+            task,
+            status=_PENDING,
+            attempts=0,
+            result=None,
+            error=None,
+            cancel_reason=None,
+            progress=NO_PROGRESS,
+            run_at=now,
+            updated_at=now,
+            started_at=None,
+            finished_at=None,
+        )
+        self._tasks[task_id] = task
+        self._queue(task, now_ts)
+        return task
+
+    # -- reading -------------------------------------------------------------------
+
+    async def get(self, task_id: str) -> Task | None:
+        return self._tasks.get(task_id)
+
+    def _select(self, filter: TaskFilter) -> Iterator[Task]:
+        return (t for t in self._tasks.values() if filter.matches(t))
+
+    async def query(
+        self,
+        filter: TaskFilter,
+        *,
+        limit: int = 100,
+        offset: int = 0,
+        newest_first: bool = False,
+    ) -> list[Task]:
+        selected = sorted(
+            self._select(filter), key=lambda t: self._seq[t.id], reverse=newest_first
+        )
+        return selected[offset : offset + limit]
+
+    async def summary(self, filter: TaskFilter) -> ProgressSummary:
+        counts = dict.fromkeys(TaskStatus, 0)
+        for task in self._select(filter):
+            counts[task.status] += 1
+        return ProgressSummary(
+            total=sum(counts.values()),
+            pending=counts[TaskStatus.PENDING],
+            running=counts[TaskStatus.RUNNING],
+            completed=counts[TaskStatus.COMPLETED],
+            failed=counts[TaskStatus.FAILED],
+            cancelled=counts[TaskStatus.CANCELLED],
+        )
+
+    async def attempts(self, task_id: str) -> list[Attempt]:
+        return list(self._log.get(task_id, ()))
+
+    async def next_run_at(self, handlers: Sequence[HandlerKey]) -> datetime | None:
+        keys = set(handlers)
+        best: datetime | None = None
+        for task in self._tasks.values():
+            if task.status is not _PENDING or task.alias_of is not None:
+                continue
+            if (task.app_id, task.task_type) in keys or (None, task.task_type) in keys:
+                best = task.run_at if best is None else min(best, task.run_at)
+        return best
+
+    async def cleanup(
+        self,
+        older_than: timedelta,
+        *,
+        statuses: frozenset[TaskStatus] = frozenset(
+            {TaskStatus.COMPLETED, TaskStatus.CANCELLED}
+        ),
+    ) -> int:
+        if any(s.active for s in statuses):
+            raise ValueError("cleanup deletes terminal tasks only")
+        cutoff = from_timestamp(wall_clock()) - older_than
+        doomed = [
+            t.id
+            for t in self._tasks.values()
+            if t.status in statuses and t.finished_at is not None and t.finished_at < cutoff
+        ]
+        for task_id in doomed:
+            del self._tasks[task_id]
+            del self._seq[task_id]
+            self._log.pop(task_id, None)
+        return len(doomed)

@@ -1,0 +1,74 @@
+"""Every error taskmill raises, under one root: :class:`TaskmillError`.
+
+Each subclass's docstring is its default message; raise it with a message that says
+what went wrong and what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class TaskmillError(Exception):
+    """A taskmill operation failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class InvalidURL(TaskmillError):
+    """The storage URL is not one taskmill can open.
+
+    Use one of: memory://, sqlite:///path/to/file.db, postgresql://..., mysql://...,
+    mongodb://...
+    """
+
+
+class BackendNotInstalled(TaskmillError):
+    """The storage URL names a backend whose package is not installed."""
+
+
+class StorageUnavailable(TaskmillError):
+    """The storage could not be reached or opened."""
+
+
+class SchemaVersionError(TaskmillError):
+    """The database schema does not match this version of taskmill."""
+
+
+class InvalidParams(TaskmillError):
+    """Task parameters must be a JSON object of at most the configured size."""
+
+
+class TaskNotFound(TaskmillError):
+    """No task with that id exists (or it belongs to another app)."""
+
+
+class InvalidTransition(TaskmillError):
+    """The task is not in a state that allows this operation."""
+
+
+class HandlerConflict(TaskmillError):
+    """Two handlers were registered for the same (app_id, task_type)."""
+
+
+class Cancelled(TaskmillError):  # noqa: N818 - the SPEC fixes this name
+    """The task was cancelled; raised by ``Context.check_cancelled()``."""
+
+
+class Retry(TaskmillError):  # noqa: N818 - the SPEC fixes this name
+    """Raised by a handler to ask for another attempt.
+
+    ``delay`` (seconds) overrides the exponential backoff for this retry. The retry
+    still counts as an attempt: a task never runs more than ``max_retries + 1`` times.
+    """
+
+    def __init__(self, delay: float | None = None, message: str | None = None) -> None:
+        self.delay = delay
+        super().__init__(message or "handler asked for a retry")
+
+
+class Fail(TaskmillError):  # noqa: N818 - the SPEC fixes this name
+    """Raised by a handler to fail the task at once, without retrying (dead letter)."""
+
+
+class WaitTimeout(TaskmillError, TimeoutError):
+    """The task did not reach a terminal state within the timeout."""

@@ -1,0 +1,251 @@
+"""The task model: frozen snapshots of stored state, and the values that describe it.
+
+A :class:`Task` is a snapshot; state changes happen in storage and callers get a fresh
+snapshot back. Serialization lives in :mod:`taskmill.serialization`, at the edges.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any, TypeAlias
+
+import attrs
+
+JSON: TypeAlias = Any
+"""A JSON value: dict, list, str, int, float, bool or None."""
+
+
+class Priority(enum.IntEnum):
+    """Named priority levels; any int is a valid priority and higher runs first."""
+
+    BACKGROUND = 0
+    NORMAL = 100
+    USER_ACTION = 1000
+    URGENT = 5000
+
+
+class TaskStatus(enum.Enum):
+    """Where a task is in its lifecycle: PENDING → RUNNING → a terminal status."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        """True for COMPLETED, FAILED and CANCELLED: nothing more will happen."""
+        return self in _TERMINAL
+
+    @property
+    def active(self) -> bool:
+        """True for PENDING and RUNNING."""
+        return not self.terminal
+
+
+_TERMINAL = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED})
+TERMINAL_STATUSES: frozenset[TaskStatus] = _TERMINAL
+ACTIVE_STATUSES: frozenset[TaskStatus] = frozenset({TaskStatus.PENDING, TaskStatus.RUNNING})
+
+
+class CancelReason(enum.Enum):
+    """Why a task was interrupted.
+
+    USER and PREEMPTED end the task (CANCELLED); SUSPENDED and SHUTDOWN put it back to
+    PENDING without spending an attempt.
+    """
+
+    USER = "user"
+    PREEMPTED = "preempted"
+    SUSPENDED = "suspended"
+    SHUTDOWN = "shutdown"
+
+    @property
+    def terminal(self) -> bool:
+        """True when a task interrupted for this reason ends as CANCELLED."""
+        return self in (CancelReason.USER, CancelReason.PREEMPTED)
+
+
+class AttemptOutcome(enum.Enum):
+    """How one attempt ended, as recorded in the execution log."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+    """The worker's lease expired (it crashed or hung) and the task was rescued."""
+    INTERRUPTED = "interrupted"
+    """Shutdown or suspension put the task back without spending an attempt."""
+
+
+def _utc(instance: Any, attribute: attrs.Attribute[Any], value: datetime | None) -> None:
+    if value is not None and value.utcoffset() is None:
+        raise ValueError(f"{attribute.name} must be a timezone-aware datetime, got {value!r}")
+
+
+@attrs.frozen
+class Progress:
+    """How far a running task has come: ``done`` of ``total`` units, and a message."""
+
+    done: float = 0
+    total: float | None = None
+    message: str | None = None
+
+    @property
+    def pct(self) -> float | None:
+        """Percentage done (0-100), or None when the total is unknown."""
+        if not self.total:
+            return None
+        return max(0.0, min(100.0, 100.0 * self.done / self.total))
+
+
+NO_PROGRESS = Progress()
+
+
+@attrs.frozen
+class Task:
+    """A snapshot of one stored task. Fields follow SPEC section 3."""
+
+    id: str
+    task_type: str
+    status: TaskStatus
+    created_at: datetime = attrs.field(validator=_utc)
+    run_at: datetime = attrs.field(validator=_utc)
+    updated_at: datetime = attrs.field(validator=_utc)
+    app_id: str | None = None
+    params: dict[str, JSON] = attrs.field(factory=dict)
+    data: dict[str, JSON] = attrs.field(factory=dict)
+    priority: int = Priority.NORMAL
+    attempts: int = 0
+    max_retries: int = 3
+    result: JSON = None
+    error: str | None = None
+    progress: Progress = NO_PROGRESS
+    dedupe_key: str | None = None
+    alias_of: str | None = None
+    parent_id: str | None = None
+    user_id: str | None = None
+    cancel_reason: CancelReason | None = None
+    started_at: datetime | None = attrs.field(default=None, validator=_utc)
+    finished_at: datetime | None = attrs.field(default=None, validator=_utc)
+    worker_id: str | None = None
+    lease_expires_at: datetime | None = attrs.field(default=None, validator=_utc)
+
+    @property
+    def is_alias(self) -> bool:
+        """True when this task is an alias of a dedupe leader and never runs itself."""
+        return self.alias_of is not None
+
+
+@attrs.frozen
+class Attempt:
+    """One row of a task's execution log."""
+
+    task_id: str
+    number: int
+    worker_id: str
+    started_at: datetime = attrs.field(validator=_utc)
+    finished_at: datetime = attrs.field(validator=_utc)
+    outcome: AttemptOutcome
+    error: str | None = None
+
+    @property
+    def elapsed_ms(self) -> float:
+        """Wall time of the attempt in milliseconds."""
+        return (self.finished_at - self.started_at).total_seconds() * 1000.0
+
+
+def _tuple_or_none(value: Any) -> tuple[Any, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str | TaskStatus):
+        return (value,)
+    return tuple(value)
+
+
+def _statuses(value: Any) -> tuple[TaskStatus, ...] | None:
+    items = _tuple_or_none(value)
+    return None if items is None else tuple(TaskStatus(s) for s in items)
+
+
+@attrs.frozen
+class TaskFilter:
+    """Which tasks an operation applies to; every field set narrows the selection."""
+
+    app_id: str | None = None
+    task_types: tuple[str, ...] | None = attrs.field(default=None, converter=_tuple_or_none)
+    statuses: tuple[TaskStatus, ...] | None = attrs.field(default=None, converter=_statuses)
+    parent_id: str | None = None
+    user_id: str | None = None
+    dedupe_key: str | None = None
+    created_after: datetime | None = attrs.field(default=None, validator=_utc)
+    created_before: datetime | None = attrs.field(default=None, validator=_utc)
+
+    def matches(self, task: Task) -> bool:
+        """True when ``task`` is selected by this filter (the reference semantics)."""
+        return (
+            (self.app_id is None or task.app_id == self.app_id)
+            and (self.task_types is None or task.task_type in self.task_types)
+            and (self.statuses is None or task.status in self.statuses)
+            and (self.parent_id is None or task.parent_id == self.parent_id)
+            and (self.user_id is None or task.user_id == self.user_id)
+            and (self.dedupe_key is None or task.dedupe_key == self.dedupe_key)
+            and (self.created_after is None or task.created_at > self.created_after)
+            and (self.created_before is None or task.created_at < self.created_before)
+        )
+
+
+@attrs.frozen
+class TaskSpec:
+    """Everything ``Taskmill.enqueue`` takes, as a value; the unit of ``enqueue_many``."""
+
+    task_type: str
+    params: dict[str, JSON] | None = None
+    app_id: str | None = None
+    priority: int = Priority.NORMAL
+    dedupe_key: str | None = None
+    run_at: datetime | None = attrs.field(default=None, validator=_utc)
+    delay: timedelta | float | None = None
+    parent_id: str | None = None
+    max_retries: int | None = None
+    user_id: str | None = None
+
+    @classmethod
+    def from_value(cls, value: TaskSpec | Mapping[str, Any]) -> TaskSpec:
+        """Accept a ``TaskSpec`` or a dict of ``enqueue``'s keyword arguments."""
+        if isinstance(value, TaskSpec):
+            return value
+        if not isinstance(value, Mapping):
+            raise TypeError(f"a task spec is a TaskSpec or a dict, not {type(value).__name__}")
+        unknown = set(value) - set(attrs.fields_dict(cls))
+        if unknown:
+            raise TypeError(f"unknown task spec field(s): {', '.join(sorted(unknown))}")
+        if "task_type" not in value:
+            raise TypeError("a task spec needs a 'task_type'")
+        return cls(**value)
+
+
+@attrs.frozen
+class ProgressSummary:
+    """Counts of tasks by status for a selection; ``pct`` is the share that finished."""
+
+    total: int = 0
+    pending: int = 0
+    running: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+
+    @property
+    def finished(self) -> int:
+        """Tasks in a terminal status."""
+        return self.completed + self.failed + self.cancelled
+
+    @property
+    def pct(self) -> float:
+        """Percentage of the selection that is terminal (100 for an empty selection)."""
+        return 100.0 if self.total == 0 else 100.0 * self.finished / self.total

@@ -1,0 +1,351 @@
+"""The storage contract: the domain operations every backend implements.
+
+:class:`TaskStorage` is not a SQL executor. Each method is one domain operation, atomic
+on its own, and every state change is a conditional write: a transition applies only if
+the task is still in the state (status, lease owner, attempt number) the caller saw.
+That is what makes the same semantics hold on an in-process dict, on SQLite with several
+worker processes, and on a database shared by many machines.
+
+The executable definition of these guarantees is :mod:`taskmill.testing`; a backend
+proves itself by subclassing its contract suite.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import time
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, ClassVar, Self, TypeAlias
+
+import attrs
+
+from taskmill.model import (
+    JSON,
+    Attempt,
+    AttemptOutcome,
+    CancelReason,
+    Progress,
+    ProgressSummary,
+    Task,
+    TaskFilter,
+    TaskStatus,
+)
+
+HandlerKey: TypeAlias = tuple[str | None, str]
+"""``(app_id, task_type)`` of a registered handler; ``app_id`` None serves every app that
+has no handler of its own for that task type (SPEC 5.13)."""
+
+
+def utcnow() -> datetime:
+    """The current time as a tz-aware UTC datetime."""
+    return datetime.now(UTC)
+
+
+def from_timestamp(seconds: float) -> datetime:
+    """A tz-aware UTC datetime from POSIX seconds."""
+    return datetime.fromtimestamp(seconds, UTC)
+
+
+def wall_clock() -> float:
+    """POSIX seconds; the clock the embedded backends use."""
+    return time.time()
+
+
+@attrs.frozen
+class StorageCapabilities:
+    """What a backend can do beyond the contract's core; the contract suite reads these
+    instead of skipping tests ad hoc, and docs/backends.md lists each backend's gaps."""
+
+    durable: bool = True
+    """Tasks survive the process that wrote them."""
+    shared_between_processes: bool = True
+    """Several processes (and machines, for server databases) can use one store."""
+    notifications: bool = False
+    """The backend pushes 'new work' to idle workers instead of relying on polling."""
+
+
+@attrs.frozen
+class NewTask:
+    """A fully resolved task to insert; built by the core from a ``TaskSpec``."""
+
+    id: str
+    task_type: str
+    params: dict[str, JSON]
+    params_json: str
+    """``params`` already serialized (and size-checked) by the core."""
+    app_id: str | None
+    priority: int
+    max_retries: int
+    run_at: datetime | None = None
+    """When the task becomes due; None means now (the store's clock)."""
+    dedupe_key: str | None = None
+    parent_id: str | None = None
+    user_id: str | None = None
+
+
+@attrs.frozen
+class ClaimRequest:
+    """What a worker asks for in one claim."""
+
+    worker_id: str
+    handlers: Mapping[HandlerKey, int | None]
+    """The handlers the worker has, each with the most tasks of its kind this claim may
+    take (None: no cap beyond ``limit``). A task is matched to its app's own handler key
+    if that is present, else to the host key ``(None, task_type)``."""
+    limit: int
+    lease_seconds: float
+    min_priority: int | None = None
+    """Only claim tasks at or above this priority (reserved high-priority slots)."""
+
+
+@attrs.frozen
+class Lease:
+    """A worker's hold on a running task: the fencing token for every write it makes.
+
+    ``attempt`` is the task's attempt count at claim time. A write fenced by a lease
+    applies only while the task is RUNNING under the same worker id and attempt, so a
+    worker that lost its lease can never overwrite what the next owner does.
+    """
+
+    task_id: str
+    worker_id: str
+    attempt: int
+
+
+class FinishKind(enum.Enum):
+    """The transition a worker asks for when an attempt ends."""
+
+    COMPLETE = "complete"
+    """→ COMPLETED with ``result``; aliases take the same status and result."""
+    RETRY = "retry"
+    """→ PENDING, due ``retry_in`` seconds from now; the attempt stays counted."""
+    FAIL = "fail"
+    """→ FAILED (dead letter); aliases take the same status and error."""
+    RELEASE = "release"
+    """→ PENDING without spending the attempt (shutdown, suspension)."""
+    CANCEL = "cancel"
+    """→ CANCELLED with ``cancel_reason``."""
+
+
+@attrs.frozen
+class Finish:
+    """The end of one attempt, as the worker reports it."""
+
+    lease: Lease
+    kind: FinishKind
+    outcome: AttemptOutcome
+    started_at: datetime
+    finished_at: datetime
+    result_json: str | None = None
+    error: str | None = None
+    retry_in: float = 0.0
+    cancel_reason: CancelReason | None = None
+    data: dict[str, JSON] | None = None
+    """The handler's runtime data, when it changed (None: leave as stored)."""
+    progress: Progress | None = None
+    """The last progress, when it changed (None: leave as stored)."""
+
+
+@attrs.frozen
+class ProgressUpdate:
+    """A coalesced progress/data write for a running task, fenced by its lease."""
+
+    lease: Lease
+    progress: Progress | None = None
+    data: dict[str, JSON] | None = None
+
+
+class TaskStorage(abc.ABC):
+    """Abstract, domain-level task storage.
+
+    Guarantees every implementation gives (and :mod:`taskmill.testing` checks):
+
+    - Each method is atomic: it applies completely or not at all.
+    - State changes are compare-and-set on (status, worker id, attempt): two writers
+      racing for one transition cannot both win.
+    - No task is ever held by two workers; a claim returns each task to one caller.
+    - Methods raise :class:`~taskmill.errors.StorageUnavailable` when the store cannot
+      be reached; nothing already stored is lost or half-written when they do.
+
+    Implementations are found by URL scheme through the ``taskmill.backends`` entry-point
+    group; the entry point names the class, and :meth:`from_url` builds it.
+    """
+
+    capabilities: ClassVar[StorageCapabilities] = StorageCapabilities()
+
+    url: str
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    @classmethod
+    @abc.abstractmethod
+    def from_url(cls, url: str, **options: Any) -> Self:
+        """Build a storage for ``url`` without connecting.
+
+        :raises InvalidURL: the URL is malformed for this backend (the message shows the
+            expected form) or an option is unknown.
+        """
+
+    @abc.abstractmethod
+    async def open(self, *, auto_migrate: bool = False) -> None:
+        """Connect and check the schema.
+
+        An empty database gets the current schema. A database at an older schema
+        version is migrated only when ``auto_migrate`` is true.
+
+        :raises SchemaVersionError: the stored schema is older (and ``auto_migrate`` is
+            false) or newer than this code; the message names the command to run.
+        :raises StorageUnavailable: the database cannot be reached or opened.
+        """
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release connections. Safe to call twice."""
+
+    @abc.abstractmethod
+    async def migrate(self) -> int:
+        """Apply pending schema migrations; return the schema version now in place.
+
+        Idempotent, and safe when several processes run it at once.
+
+        :raises SchemaVersionError: the stored schema is newer than this code.
+        """
+
+    # -- writing tasks -----------------------------------------------------------
+
+    @abc.abstractmethod
+    async def enqueue(self, tasks: Sequence[NewTask]) -> list[Task]:
+        """Insert tasks atomically (all or none), in one round trip where possible.
+
+        Dedupe (SPEC 5.7): a task with a ``dedupe_key`` whose ``(app_id, task_type,
+        dedupe_key)`` has an active (PENDING or RUNNING) leader is stored as an alias
+        of that leader (``alias_of`` set, status PENDING, never claimed). This is
+        decided by the store atomically, so concurrent enqueues from many processes
+        yield exactly one leader. Within one call, the first task with a key leads.
+
+        :returns: the stored snapshots, in the order given.
+        """
+
+    @abc.abstractmethod
+    async def claim_batch(self, request: ClaimRequest) -> list[Task]:
+        """Atomically move up to ``request.limit`` due PENDING tasks to RUNNING.
+
+        Only leaders (never aliases) of types in ``request.handlers`` whose ``run_at``
+        has come, at or above ``min_priority``, ordered by priority DESC then creation
+        ASC, honouring each handler's cap. Each claimed task gets ``attempts + 1``,
+        ``worker_id``, ``started_at`` = now and ``lease_expires_at`` = now +
+        ``lease_seconds``. A task is returned to exactly one caller.
+
+        :returns: the claimed snapshots in claim order.
+        """
+
+    @abc.abstractmethod
+    async def finish_batch(self, finishes: Sequence[Finish]) -> list[Task | None]:
+        """Apply the end of many attempts in one call, each fenced by its lease.
+
+        For each finish whose lease still holds, the task moves as its ``kind`` says,
+        the lease is cleared, ``data``/``progress`` are saved when given, and one row is
+        appended to the execution log. A non-terminal interruption requested while
+        the handler ran (SUSPENDED, SHUTDOWN) turns a RETRY or FAIL into a RELEASE. A
+        terminal cancel (USER, PREEMPTED) already made the task CANCELLED when it was
+        requested, so the lease no longer holds and the finish changes nothing: a task
+        cancelled while its handler was finishing stays CANCELLED. When a leader
+        reaches a terminal status, its aliases take that status, result and error in
+        the same transaction.
+
+        :returns: per finish, in order, the new snapshot, or None when the lease was
+            lost (the task was rescued or re-claimed); such finishes change nothing.
+        """
+
+    @abc.abstractmethod
+    async def renew_leases(
+        self, leases: Sequence[Lease], lease_seconds: float
+    ) -> dict[str, CancelReason | None]:
+        """Extend the leases that still hold to now + ``lease_seconds``.
+
+        :returns: for each task whose lease still holds, the cancel reason requested for
+            it while it runs (None when none): the worker interrupts those. A task
+            missing from the result is no longer this worker's: it must stop writing.
+        """
+
+    @abc.abstractmethod
+    async def save_progress(self, updates: Sequence[ProgressUpdate]) -> set[str]:
+        """Store progress and runtime data of running tasks, each fenced by its lease.
+
+        :returns: the ids whose lease still held (and were written).
+        """
+
+    @abc.abstractmethod
+    async def rescue_expired(self, *, limit: int = 1000) -> list[Task]:
+        """Take back RUNNING tasks whose lease has expired (their worker died or hung).
+
+        Each goes back to PENDING due now with the attempt counted and error "lease
+        expired", or to FAILED when it has no retries left; a pending cancel request is
+        honoured instead (terminal → CANCELLED, else PENDING without spending the
+        attempt). One LOST row is appended to its execution log. Safe to run from every
+        worker at once: each expired task is rescued once.
+
+        :returns: the rescued snapshots.
+        """
+
+    @abc.abstractmethod
+    async def retry(self, task_id: str) -> Task:
+        """Redrive a FAILED or CANCELLED task: back to PENDING, due now, with a fresh
+        attempt budget (``attempts`` = 0); result, error and cancel reason are cleared.
+        The execution log is kept.
+
+        :raises TaskNotFound: no such task.
+        :raises InvalidTransition: the task is not FAILED or CANCELLED.
+        """
+
+    # -- reading -----------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def get(self, task_id: str) -> Task | None:
+        """The current snapshot of one task, or None."""
+
+    @abc.abstractmethod
+    async def query(
+        self,
+        filter: TaskFilter,
+        *,
+        limit: int = 100,
+        offset: int = 0,
+        newest_first: bool = False,
+    ) -> list[Task]:
+        """Tasks selected by ``filter``, ordered by creation (oldest first unless
+        ``newest_first``), at most ``limit`` of them after skipping ``offset``."""
+
+    @abc.abstractmethod
+    async def summary(self, filter: TaskFilter) -> ProgressSummary:
+        """Counts by status of the tasks selected by ``filter``, computed by the store
+        without loading tasks into Python."""
+
+    @abc.abstractmethod
+    async def attempts(self, task_id: str) -> list[Attempt]:
+        """The execution log of one task, oldest first (empty for an unknown id)."""
+
+    @abc.abstractmethod
+    async def next_run_at(self, handlers: Sequence[HandlerKey]) -> datetime | None:
+        """The earliest ``run_at`` of a claimable PENDING task for ``handlers`` (due or
+        not), or None when there is none. Workers use it to sleep until work is due."""
+
+    # -- retention ---------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def cleanup(
+        self,
+        older_than: timedelta,
+        *,
+        statuses: frozenset[TaskStatus] = frozenset(
+            {TaskStatus.COMPLETED, TaskStatus.CANCELLED}
+        ),
+    ) -> int:
+        """Delete tasks in ``statuses`` (terminal ones only) that finished more than
+        ``older_than`` ago, with their execution logs.
+
+        :raises ValueError: ``statuses`` includes an active status.
+        :returns: how many tasks were deleted.
+        """
