@@ -25,3 +25,42 @@ from taskmill.model import (
     TaskStatus,
 )
 from taskmill.storage import TaskStorage
+from taskmill.app import Taskmill
+from taskmill.backoff import RetryPolicy
+from taskmill.context import Context
+from taskmill.errors import HandlerConflict, WaitTimeout
+from taskmill.registry import Handler, HandlerRegistry
+from taskmill.worker import Worker
+
+__all__ = [
+    "Attempt",
+    "AttemptOutcome",
+    "BackendNotInstalled",
+    "CancelReason",
+    "Cancelled",
+    "Context",
+    "Fail",
+    "Handler",
+    "HandlerConflict",
+    "HandlerRegistry",
+    "InvalidParams",
+    "InvalidTransition",
+    "InvalidURL",
+    "Priority",
+    "Progress",
+    "ProgressSummary",
+    "Retry",
+    "RetryPolicy",
+    "SchemaVersionError",
+    "StorageUnavailable",
+    "Task",
+    "TaskFilter",
+    "TaskNotFound",
+    "TaskSpec",
+    "TaskStatus",
+    "TaskStorage",
+    "Taskmill",
+    "TaskmillError",
+    "WaitTimeout",
+    "Worker",
+]

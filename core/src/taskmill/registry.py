@@ -1,0 +1,137 @@
+"""The handler registry: which callable runs a task, keyed by ``(app_id, task_type)``."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import attrs
+
+from taskmill.errors import HandlerConflict
+from taskmill.model import JSON
+from taskmill.storage import HandlerKey
+
+if TYPE_CHECKING:
+    from taskmill.context import Context
+
+AsyncHandlerFunc: TypeAlias = Callable[["Context", dict[str, Any]], Awaitable[JSON]]
+SyncHandlerFunc: TypeAlias = Callable[["Context", dict[str, Any]], JSON]
+HandlerFunc: TypeAlias = AsyncHandlerFunc | SyncHandlerFunc
+
+
+@attrs.frozen
+class Handler:
+    """A registered handler and its options."""
+
+    task_type: str
+    func: HandlerFunc
+    app_id: str | None = None
+    max_retries: int | None = None
+    """Retries after the first attempt for tasks enqueued while this is registered."""
+    timeout: float | None = None
+    """Seconds an attempt may run before it is stopped and counted as timed out."""
+    concurrency: int | None = None
+    """At most this many tasks of this handler run at once in one worker."""
+    source: str = "application"
+    """Who registered it (the application, or a plugin's name): named in conflicts."""
+    is_async: bool = attrs.field(init=False)
+
+    @is_async.default
+    def _is_async(self) -> bool:
+        func: Any = self.func
+        return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
+            getattr(func, "__call__", None)  # noqa: B004 - async callable objects
+        )
+
+    @property
+    def key(self) -> HandlerKey:
+        """``(app_id, task_type)``."""
+        return (self.app_id, self.task_type)
+
+
+def _check_options(
+    task_type: str,
+    max_retries: int | None,
+    timeout: float | None,
+    concurrency: int | None,
+) -> None:
+    if not isinstance(task_type, str) or not task_type:
+        raise ValueError("task_type must be a non-empty string")
+    if max_retries is not None and max_retries < 0:
+        raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+    if timeout is not None and timeout <= 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+    if concurrency is not None and concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+
+
+class HandlerRegistry:
+    """Handlers by ``(app_id, task_type)``; lookups fall back to the host's handler.
+
+    Registering a second handler for the same key is a :class:`HandlerConflict` that
+    names both registrants.
+    """
+
+    def __init__(self) -> None:
+        self._handlers: dict[HandlerKey, Handler] = {}
+
+    def register(
+        self,
+        task_type: str,
+        handler: HandlerFunc,
+        *,
+        app_id: str | None = None,
+        max_retries: int | None = None,
+        timeout: float | None = None,
+        concurrency: int | None = None,
+        source: str = "application",
+    ) -> Handler:
+        """Register ``handler`` for ``(app_id, task_type)`` and return its record.
+
+        :raises HandlerConflict: that key already has a handler.
+        :raises ValueError: an option is out of range.
+        """
+        _check_options(task_type, max_retries, timeout, concurrency)
+        if not callable(handler):
+            raise TypeError(f"handler for {task_type!r} must be callable")
+        record = Handler(
+            task_type=task_type,
+            func=handler,
+            app_id=app_id,
+            max_retries=max_retries,
+            timeout=timeout,
+            concurrency=concurrency,
+            source=source,
+        )
+        existing = self._handlers.get(record.key)
+        if existing is not None:
+            scope = f"app {app_id!r}" if app_id is not None else "the host"
+            raise HandlerConflict(
+                f"task type {task_type!r} of {scope} is registered twice: by "
+                f"{existing.source} and by {source}; remove one of them or give one an "
+                "app_id of its own"
+            )
+        self._handlers[record.key] = record
+        return record
+
+    def unregister_source(self, source: str) -> None:
+        """Remove every handler that ``source`` registered."""
+        for key in [k for k, h in self._handlers.items() if h.source == source]:
+            del self._handlers[key]
+
+    def lookup(self, app_id: str | None, task_type: str) -> Handler | None:
+        """The handler for a task: its app's own, else the host's, else None."""
+        handler = self._handlers.get((app_id, task_type))
+        if handler is None and app_id is not None:
+            handler = self._handlers.get((None, task_type))
+        return handler
+
+    def __iter__(self) -> Iterator[Handler]:
+        return iter(list(self._handlers.values()))
+
+    def __len__(self) -> int:
+        return len(self._handlers)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._handlers

@@ -1,0 +1,647 @@
+"""The worker: claims tasks in batches, runs their handlers, writes outcomes in batches.
+
+One worker is one asyncio loop in one process. It keeps ``concurrency`` slots, of which
+``reserved_high_priority_slots`` only take tasks at or above ``Priority.USER_ACTION``.
+Around the claim loop run four background duties: writing finished attempts (group
+commit: whatever finished while the previous write was in flight goes in the next one),
+saving coalesced progress, renewing leases (and learning of lost leases), and rescuing
+other workers' expired leases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import contextvars
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from taskmill.backoff import RetryPolicy
+from taskmill.context import Context
+from taskmill.errors import Cancelled, Fail, Retry
+from taskmill.model import AttemptOutcome, CancelReason, Priority, Task
+from taskmill.registry import Handler
+from taskmill.serialization import dumps
+from taskmill.storage import (
+    ClaimRequest,
+    Finish,
+    FinishKind,
+    HandlerKey,
+    Lease,
+    ProgressUpdate,
+    utcnow,
+)
+
+if TYPE_CHECKING:
+    from taskmill.app import Taskmill
+
+log = logging.getLogger("taskmill.worker")
+
+
+@attrs.define(eq=False)
+class _Execution:
+    task: Task
+    handler: Handler
+    key: HandlerKey
+    lease: Lease
+    ctx: Context
+    started_at: datetime
+    high: bool
+    future: asyncio.Future[None] | None = None
+    abandoned: bool = False
+    """True once its outcome must not be written (lease lost, or given up at shutdown)."""
+
+
+def default_worker_id() -> str:
+    """``host:pid:random`` — unique per worker, readable in ``taskmill ls``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Worker:
+    """Runs the handlers of a :class:`~taskmill.Taskmill` against its storage.
+
+    Build one with ``tm.worker(...)``. Use :meth:`run` (until :meth:`stop` or
+    SIGTERM/SIGINT), :meth:`run_until_idle`, or :meth:`tick` from a loop you own.
+    """
+
+    def __init__(
+        self,
+        taskmill: Taskmill,
+        *,
+        concurrency: int = 10,
+        reserved_high_priority_slots: int = 1,
+        worker_id: str | None = None,
+        lease_seconds: float = 30.0,
+        poll_interval: float = 1.0,
+        min_poll_interval: float = 0.05,
+        rescue_interval: float | None = None,
+        progress_interval: float = 0.5,
+        shutdown_grace: float = 30.0,
+        retry_policy: RetryPolicy | None = None,
+        handle_signals: bool = True,
+        idle_horizon: float = 60.0,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        if reserved_high_priority_slots < 0:
+            raise ValueError("reserved_high_priority_slots must be >= 0")
+        if lease_seconds <= 0:
+            raise ValueError("lease_seconds must be > 0")
+        self._tm = taskmill
+        self.worker_id = worker_id or default_worker_id()
+        self.concurrency = concurrency
+        # A worker with one slot keeps it general: reserving it would starve normal work.
+        self.reserved_high_priority_slots = min(reserved_high_priority_slots, concurrency - 1)
+        self.lease_seconds = lease_seconds
+        self.poll_interval = max(poll_interval, min_poll_interval)
+        self.min_poll_interval = min_poll_interval
+        self.rescue_interval = rescue_interval or max(0.05, lease_seconds / 3)
+        self.progress_interval = progress_interval
+        self.shutdown_grace = shutdown_grace
+        self.retry_policy = retry_policy or RetryPolicy()
+        self.handle_signals = handle_signals
+        self.idle_horizon = idle_horizon
+
+        self._running: dict[str, _Execution] = {}
+        self._running_normal = 0
+        self._per_key: dict[HandlerKey, int] = {}
+        self._finishes: list[tuple[Finish, _Execution | None]] = []
+        self._finish_ready: asyncio.Event | None = None
+        self._flushed: asyncio.Event | None = None
+        self._flushing = False
+        self._wake: asyncio.Event | None = None
+        self._stopping = False
+        self._grace: float | None = None
+        self._stopped: asyncio.Event | None = None
+        self._active = False
+        self._background: list[asyncio.Task[None]] = []
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._last_rescue = 0.0
+        self._signals = 0
+        self.processed = 0
+        """Attempts this worker finished (any outcome)."""
+
+    # -- public API -------------------------------------------------------------------
+
+    @property
+    def running(self) -> int:
+        """Handlers running now."""
+        return len(self._running)
+
+    async def run(self) -> None:
+        """Claim and run tasks until :meth:`stop` is called or SIGTERM/SIGINT arrives.
+
+        On stop, the worker takes no new tasks, lets running ones finish for the grace
+        period, then interrupts the rest with SHUTDOWN (back to PENDING without spending
+        an attempt) and writes every outcome before returning.
+        """
+        await self._serve(until_idle=False)
+
+    async def run_until_idle(self) -> None:
+        """Run until nothing is running and no task of this worker's types is due
+        within ``idle_horizon`` seconds (retries waiting out a backoff are due soon, so
+        they are run, not abandoned). Returns after writing every outcome."""
+        await self._serve(until_idle=True)
+
+    async def tick(self) -> int:
+        """Claim one batch (up to the free slots), run it to the end, write the outcomes,
+        and return how many tasks were run. For a loop the caller owns; also rescues
+        expired leases when ``rescue_interval`` has passed."""
+        self._prepare()
+        duties = [asyncio.create_task(self._renew_leases_loop()),
+                  asyncio.create_task(self._save_progress_loop()),
+                  asyncio.create_task(self._flush_loop())]
+        try:
+            if time.monotonic() - self._last_rescue >= self.rescue_interval:
+                await self._rescue_once()
+            claimed, _ = await self._fill_slots()
+            futures = [e.future for e in list(self._running.values()) if e.future]
+            if futures:
+                await asyncio.gather(*futures, return_exceptions=True)
+            await self._flush_all()
+            return claimed
+        finally:
+            for duty in duties:
+                duty.cancel()
+            await asyncio.gather(*duties, return_exceptions=True)
+            self._release_resources()
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop taking tasks and return once the worker has shut down.
+
+        :param grace: seconds running handlers get to finish before they are
+            interrupted with SHUTDOWN (default: ``shutdown_grace``). 0 interrupts at once.
+        """
+        self._stopping = True
+        if grace is not None:
+            self._grace = grace if self._grace is None else min(self._grace, grace)
+        if self._wake is not None:
+            self._wake.set()
+        if self._active and self._stopped is not None:
+            await self._stopped.wait()
+
+    def notify(self) -> None:
+        """Wake the claim loop: new work may be available (in-process enqueue)."""
+        if self._wake is not None:
+            self._wake.set()
+
+    # -- serving ----------------------------------------------------------------------
+
+    def _prepare(self) -> None:
+        self._wake = asyncio.Event()
+        self._finish_ready = asyncio.Event()
+        self._flushed = asyncio.Event()
+        self._flushed.set()
+        self._stopped = asyncio.Event()
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=self.concurrency, thread_name_prefix="taskmill-handler"
+            )
+
+    def _release_resources(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+    async def _serve(self, *, until_idle: bool) -> None:
+        if self._active:
+            raise RuntimeError("this worker is already running")
+        self._prepare()
+        assert self._stopped is not None
+        self._active = True
+        self._stopping = False
+        self._grace = None
+        self._tm._attach_worker(self)
+        removers = self._install_signal_handlers()
+        self._background = [
+            asyncio.create_task(self._flush_loop(), name="taskmill-flush"),
+            asyncio.create_task(self._renew_leases_loop(), name="taskmill-leases"),
+            asyncio.create_task(self._save_progress_loop(), name="taskmill-progress"),
+            asyncio.create_task(self._rescue_loop(), name="taskmill-rescue"),
+        ]
+        await self._tm._worker_started(self)
+        try:
+            await self._claim_loop(until_idle=until_idle)
+        finally:
+            try:
+                await self._shutdown()
+            finally:
+                for remove in removers:
+                    remove()
+                self._tm._detach_worker(self)
+                self._active = False
+                self._stopped.set()
+
+    async def _claim_loop(self, *, until_idle: bool) -> None:
+        assert self._wake is not None
+        poll = self.min_poll_interval
+        while not self._stopping:
+            self._wake.clear()
+            try:
+                claimed, drained = await self._fill_slots()
+            except Exception:
+                log.exception("claiming failed; retrying in %.1f s", poll)
+                claimed, drained = 0, True
+                poll = min(self.poll_interval, poll * 2)
+            if claimed:
+                poll = self.min_poll_interval
+            has_free = len(self._running) < self.concurrency
+            if claimed and has_free and not drained:
+                continue  # a full batch came back: there may be more
+            timeout: float | None = poll if has_free else None
+            if until_idle and drained and not self._running and not self._finishes:
+                await self._flush_all()
+                due_in = await self._seconds_until_due()
+                if due_in is None or due_in > self.idle_horizon:
+                    return
+                timeout = max(self.min_poll_interval, min(due_in, self.poll_interval))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+                continue
+            poll = min(self.poll_interval, poll * 2)
+
+    async def _seconds_until_due(self) -> float | None:
+        keys = [h.key for h in self._tm.registry]
+        if not keys:
+            return None
+        due = await self._tm.storage.next_run_at(keys)
+        if due is None:
+            return None
+        return max(0.0, (due - utcnow()).total_seconds())
+
+    def _claim_handlers(self) -> dict[HandlerKey, int | None]:
+        handlers: dict[HandlerKey, int | None] = {}
+        for handler in self._tm.registry:
+            if handler.concurrency is None:
+                handlers[handler.key] = None
+            else:
+                room = handler.concurrency - self._per_key.get(handler.key, 0)
+                if room > 0:
+                    handlers[handler.key] = room
+        return handlers
+
+    async def _fill_slots(self) -> tuple[int, bool]:
+        """Claim into free slots; returns (claimed, drained) where drained means a claim
+        came back short, so nothing more is claimable right now."""
+        if self._stopping:
+            return 0, False
+        general = self.concurrency - self.reserved_high_priority_slots
+        claimed = 0
+        for min_priority in (None, int(Priority.USER_ACTION)):
+            free = self.concurrency - len(self._running)
+            if min_priority is None:
+                free = min(free, general - self._running_normal)
+            if free <= 0:
+                continue
+            handlers = self._claim_handlers()
+            if not handlers:
+                return claimed, True
+            batch = await self._tm.storage.claim_batch(
+                ClaimRequest(
+                    worker_id=self.worker_id,
+                    handlers=handlers,
+                    limit=free,
+                    lease_seconds=self.lease_seconds,
+                    min_priority=min_priority,
+                )
+            )
+            for task in batch:
+                self._start(task)
+            claimed += len(batch)
+            if len(batch) < free:
+                return claimed, True
+        return claimed, False
+
+    def _start(self, task: Task) -> None:
+        handler = self._tm.registry.lookup(task.app_id, task.task_type)
+        lease = Lease(task_id=task.id, worker_id=self.worker_id, attempt=task.attempts)
+        now = task.started_at or utcnow()
+        if handler is None:  # unregistered since the claim: give it back untouched
+            self._queue_finish(
+                Finish(lease=lease, kind=FinishKind.RELEASE,
+                       outcome=AttemptOutcome.INTERRUPTED, started_at=now,
+                       finished_at=utcnow(), error="no handler in this worker"),
+                None,
+            )
+            return
+        execution = _Execution(
+            task=task,
+            handler=handler,
+            key=handler.key,
+            lease=lease,
+            ctx=Context(task),
+            started_at=now,
+            high=task.priority >= Priority.USER_ACTION,
+        )
+        if handler.is_async:
+            execution.ctx._on_cancel = lambda: self._cancel_async(execution)
+        self._running[task.id] = execution
+        if not execution.high:
+            self._running_normal += 1
+        self._per_key[handler.key] = self._per_key.get(handler.key, 0) + 1
+        execution.future = asyncio.create_task(self._execute(execution))
+
+    def _cancel_async(self, execution: _Execution) -> None:
+        future = execution.future
+        if future is not None and not future.done():
+            future.get_loop().call_soon_threadsafe(future.cancel)
+
+    def _free_slot(self, execution: _Execution) -> None:
+        if self._running.pop(execution.task.id, None) is None:
+            return
+        if not execution.high:
+            self._running_normal -= 1
+        self._per_key[execution.key] -= 1
+        if self._wake is not None:
+            self._wake.set()
+
+    # -- running one attempt ------------------------------------------------------------
+
+    async def _call_handler(self, execution: _Execution) -> Any:
+        handler, ctx, params = execution.handler, execution.ctx, execution.task.params
+        await self._tm._before_handler(execution.task, ctx)
+        if handler.is_async:
+            coroutine = handler.func(ctx, params)
+            assert asyncio.iscoroutine(coroutine) or isinstance(coroutine, Awaitable)
+            if handler.timeout is None:
+                return await coroutine
+            async with asyncio.timeout(handler.timeout):
+                return await coroutine
+        loop = asyncio.get_running_loop()
+        call: Callable[[], Any] = lambda: contextvars.copy_context().run(  # noqa: E731
+            handler.func, ctx, params
+        )
+        future = loop.run_in_executor(self._executor, call)
+        if handler.timeout is None:
+            return await future
+        return await asyncio.wait_for(future, handler.timeout)
+
+    async def _execute(self, execution: _Execution) -> None:
+        task, ctx = execution.task, execution.ctx
+        kind, outcome = FinishKind.COMPLETE, AttemptOutcome.COMPLETED
+        result_json: str | None = None
+        error: str | None = None
+        retry_delay: float | None = None
+        try:
+            result = await self._call_handler(execution)
+            try:
+                result_json = dumps(result)
+            except (TypeError, ValueError) as exc:
+                kind, outcome = FinishKind.FAIL, AttemptOutcome.FAILED
+                error = f"handler result is not JSON-serializable: {exc}"
+        except Retry as exc:
+            kind, outcome, error, retry_delay = (
+                FinishKind.RETRY, AttemptOutcome.FAILED, str(exc), exc.delay
+            )
+        except Fail as exc:
+            kind, outcome, error = FinishKind.FAIL, AttemptOutcome.FAILED, str(exc)
+        except (Cancelled, asyncio.CancelledError) as exc:
+            reason = ctx.cancel_reason
+            if reason is None:
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                reason = CancelReason.USER
+            current = asyncio.current_task()
+            if current is not None and isinstance(exc, asyncio.CancelledError):
+                current.uncancel()
+            if reason.terminal:
+                kind, outcome = FinishKind.CANCEL, AttemptOutcome.CANCELLED
+            else:
+                kind, outcome = FinishKind.RELEASE, AttemptOutcome.INTERRUPTED
+            error = f"cancelled ({reason.value})"
+        except TimeoutError as exc:
+            timeout = execution.handler.timeout
+            kind, outcome = FinishKind.RETRY, AttemptOutcome.TIMED_OUT
+            error = f"timed out after {timeout} s" if timeout else f"TimeoutError: {exc}"
+        except Exception as exc:
+            log.warning("task %s (%s) attempt %d failed", task.id, task.task_type,
+                        task.attempts, exc_info=True)
+            kind, outcome = FinishKind.RETRY, AttemptOutcome.FAILED
+            error = f"{type(exc).__name__}: {exc}"
+        if kind is FinishKind.RETRY:
+            if task.attempts > task.max_retries:
+                kind = FinishKind.FAIL
+                error = f"{error} (gave up after {task.attempts} attempts)"
+            elif retry_delay is None:
+                retry_delay = self.retry_policy.delay(task.attempts)
+        progress, data = ctx._final_state()
+        finish = Finish(
+            lease=execution.lease,
+            kind=kind,
+            outcome=outcome,
+            started_at=execution.started_at,
+            finished_at=utcnow(),
+            result_json=result_json,
+            error=error,
+            retry_in=retry_delay or 0.0,
+            cancel_reason=ctx.cancel_reason if kind is FinishKind.CANCEL else None,
+            data=data,
+            progress=progress,
+        )
+        if not execution.abandoned:
+            self._queue_finish(finish, execution)
+        self._free_slot(execution)
+
+    # -- writing outcomes ---------------------------------------------------------------
+
+    def _queue_finish(self, finish: Finish, execution: _Execution | None) -> None:
+        self._finishes.append((finish, execution))
+        if self._flushed is not None:
+            self._flushed.clear()
+        if self._finish_ready is not None:
+            self._finish_ready.set()
+
+    async def _flush_loop(self) -> None:
+        assert self._finish_ready is not None
+        while True:
+            await self._finish_ready.wait()
+            self._finish_ready.clear()
+            await self._flush_pending()
+
+    async def _flush_pending(self) -> None:
+        assert self._flushed is not None
+        delay = 0.05
+        while self._finishes:
+            batch, self._finishes = self._finishes, []
+            self._flushing = True
+            try:
+                results = await self._tm.storage.finish_batch([f for f, _ in batch])
+            except Exception:
+                log.exception("writing %d outcomes failed; retrying in %.2f s",
+                              len(batch), delay)
+                self._finishes[:0] = batch
+                self._flushing = False
+                await asyncio.sleep(delay)
+                delay = min(5.0, delay * 2)
+                continue
+            self._flushing = False
+            self.processed += len(batch)
+            for (finish, execution), stored in zip(batch, results, strict=True):
+                if stored is None:
+                    log.info("task %s: lease lost before its outcome was written; the "
+                             "store kept the other writer's state", finish.lease.task_id)
+                await self._tm._after_finish(finish, stored, execution.task if execution
+                                             else None)
+        self._flushed.set()
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _flush_all(self) -> None:
+        """Write every queued outcome (waiting for an in-flight write too)."""
+        assert self._flushed is not None
+        if self._finishes and not self._flushing:
+            await self._flush_pending()
+        while self._finishes or self._flushing:
+            if self._finish_ready is not None:
+                self._finish_ready.set()
+            await self._flushed.wait()
+            if self._finishes and not self._flushing:
+                await self._flush_pending()
+
+    # -- background duties ----------------------------------------------------------
+
+    def _held_leases(self) -> list[Lease]:
+        leases = [e.lease for e in self._running.values() if not e.abandoned]
+        leases.extend(f.lease for f, _ in self._finishes)
+        return leases
+
+    async def _renew_leases_loop(self) -> None:
+        interval = self.lease_seconds / 3
+        while True:
+            await asyncio.sleep(interval)
+            leases = self._held_leases()
+            if not leases:
+                continue
+            try:
+                held = await self._tm.storage.renew_leases(leases, self.lease_seconds)
+            except Exception:
+                log.exception("renewing %d leases failed", len(leases))
+                continue
+            for execution in list(self._running.values()):
+                task_id = execution.task.id
+                if task_id not in held and not execution.abandoned:
+                    await self._lease_lost(execution)
+                elif held.get(task_id) is not None:
+                    reason = held[task_id]
+                    assert reason is not None
+                    execution.ctx._interrupt(reason)
+
+    async def _lease_lost(self, execution: _Execution) -> None:
+        """Another writer owns the task now (it was cancelled, or rescued after this
+        worker stalled): stop the handler and never write its outcome."""
+        execution.abandoned = True
+        current = await self._tm.storage.get(execution.task.id)
+        reason = (current.cancel_reason if current is not None else None) or (
+            CancelReason.USER
+        )
+        log.warning("task %s: lease lost (%s); stopping its handler",
+                    execution.task.id, current.status.value if current else "deleted")
+        execution.ctx._interrupt(reason)
+
+    async def _save_progress_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.progress_interval)
+            updates = []
+            for execution in self._running.values():
+                progress, data = execution.ctx._take_changes()
+                if progress is not None or data is not None:
+                    updates.append(
+                        ProgressUpdate(lease=execution.lease, progress=progress, data=data)
+                    )
+            if updates:
+                try:
+                    await self._tm.storage.save_progress(updates)
+                except Exception:
+                    log.exception("saving progress of %d tasks failed", len(updates))
+
+    async def _rescue_once(self) -> None:
+        self._last_rescue = time.monotonic()
+        rescued = await self._tm.storage.rescue_expired()
+        if rescued:
+            log.warning("rescued %d tasks whose worker lost its lease: %s",
+                        len(rescued), ", ".join(t.id for t in rescued[:10]))
+            if self._wake is not None:
+                self._wake.set()
+
+    async def _rescue_loop(self) -> None:
+        while True:
+            try:
+                await self._rescue_once()
+            except Exception:
+                log.exception("rescuing expired leases failed")
+            await asyncio.sleep(self.rescue_interval)
+
+    # -- shutdown -----------------------------------------------------------------------
+
+    async def _shutdown(self) -> None:
+        grace = self.shutdown_grace if self._grace is None else self._grace
+        futures = [e.future for e in self._running.values() if e.future is not None]
+        if futures:
+            log.info("stopping: waiting up to %.1f s for %d running tasks",
+                     grace, len(futures))
+            await asyncio.wait(futures, timeout=grace)
+        leftover = list(self._running.values())
+        for execution in leftover:
+            execution.ctx._interrupt(CancelReason.SHUTDOWN)
+        if leftover:
+            log.warning("stopping: interrupting %d tasks still running; they go back to "
+                        "pending without spending an attempt", len(leftover))
+            waiting = [e.future for e in leftover if e.future is not None
+                       and e.handler.is_async]
+            if waiting:
+                await asyncio.wait(waiting, timeout=1.0)
+            for execution in list(self._running.values()):
+                # A thread cannot be killed: give its task back and ignore its outcome.
+                execution.abandoned = True
+                self._queue_finish(
+                    Finish(lease=execution.lease, kind=FinishKind.RELEASE,
+                           outcome=AttemptOutcome.INTERRUPTED,
+                           started_at=execution.started_at, finished_at=utcnow(),
+                           error="cancelled (shutdown)"),
+                    execution,
+                )
+                self._free_slot(execution)
+        try:
+            await self._flush_all()
+        finally:
+            for duty in self._background:
+                duty.cancel()
+            await asyncio.gather(*self._background, return_exceptions=True)
+            self._background = []
+            self._release_resources()
+            await self._tm._worker_stopped(self)
+
+    def _install_signal_handlers(self) -> list[Callable[[], None]]:
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+            return []
+        loop = asyncio.get_running_loop()
+        removers: list[Callable[[], None]] = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self._on_signal, sig)
+            except (NotImplementedError, RuntimeError):  # pragma: no cover - non-Unix
+                continue
+            removers.append(lambda s=sig: loop.remove_signal_handler(s))
+        return removers
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        self._signals += 1
+        grace = None if self._signals == 1 else 0.0
+        log.warning("%s received: %s", sig.name,
+                    "stopping gracefully" if grace is None else "stopping now")
+        self._stopping = True
+        if grace is not None:
+            self._grace = grace
+        if self._wake is not None:
+            self._wake.set()
