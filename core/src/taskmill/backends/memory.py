@@ -16,8 +16,6 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Self
 
-import attrs
-
 from taskmill.errors import InvalidTransition, InvalidURL, TaskNotFound
 from taskmill.model import (
     NO_PROGRESS,
@@ -189,8 +187,7 @@ class MemoryStorage(TaskStorage):
                 continue
             heapq.heappop(self._ready[best])
             task = self._tasks[best_entry[2]]
-            task = attrs.evolve(
-                task,
+            task = task.evolve(
                 status=_RUNNING,
                 attempts=task.attempts + 1,
                 worker_id=request.worker_id,
@@ -232,8 +229,7 @@ class MemoryStorage(TaskStorage):
         now = from_timestamp(now_ts)
         if status.terminal:
             changes["finished_at"] = now
-        task = attrs.evolve(
-            task,
+        task = task.evolve(
             status=status,
             attempts=task.attempts if attempts is None else attempts,
             run_at=run_at or task.run_at,
@@ -253,8 +249,7 @@ class MemoryStorage(TaskStorage):
             for alias_id in self._aliases.pop(task.id, ()):
                 alias = self._tasks.get(alias_id)
                 if alias is not None and alias.status is _PENDING:
-                    self._tasks[alias_id] = attrs.evolve(
-                        alias,
+                    self._tasks[alias_id] = alias.evolve(
                         status=status,
                         result=task.result,
                         error=task.error,
@@ -334,7 +329,7 @@ class MemoryStorage(TaskStorage):
             task = self._held(lease)
             if task is None:
                 continue
-            self._tasks[task.id] = attrs.evolve(task, lease_expires_at=until)
+            self._tasks[task.id] = task.evolve(lease_expires_at=until)
             held[task.id] = task.cancel_reason
         return held
 
@@ -350,7 +345,7 @@ class MemoryStorage(TaskStorage):
                 changes["progress"] = update.progress
             if update.data is not None:
                 changes["data"] = update.data
-            self._tasks[task.id] = attrs.evolve(task, **changes)
+            self._tasks[task.id] = task.evolve(**changes)
             written.add(task.id)
         return written
 
@@ -411,8 +406,7 @@ class MemoryStorage(TaskStorage):
                     f"already active for dedupe key {task.dedupe_key!r}"
                 )
             self._leaders[scope] = task.id
-        task = attrs.evolve(
-            task,
+        task = task.evolve(
             status=_PENDING,
             attempts=0,
             result=None,
