@@ -585,12 +585,17 @@ class Worker:
     # -- shutdown -----------------------------------------------------------------------
 
     async def _shutdown(self) -> None:
-        grace = self.shutdown_grace if self._grace is None else self._grace
-        futures = [e.future for e in self._running.values() if e.future is not None]
-        if futures:
+        started = time.monotonic()
+        if self._running:
             log.info("stopping: waiting up to %.1f s for %d running tasks",
-                     grace, len(futures))
-            await asyncio.wait(futures, timeout=grace)
+                     self._current_grace(), len(self._running))
+        while self._running:
+            # Re-read the grace each round: a second signal shortens it to zero.
+            remaining = started + self._current_grace() - time.monotonic()
+            if remaining <= 0:
+                break
+            futures = [e.future for e in self._running.values() if e.future is not None]
+            await asyncio.wait(futures, timeout=min(remaining, 0.1))
         leftover = list(self._running.values())
         for execution in leftover:
             execution.ctx._interrupt(CancelReason.SHUTDOWN)
@@ -621,6 +626,9 @@ class Worker:
             self._background = []
             self._release_resources()
             await self._tm._worker_stopped(self)
+
+    def _current_grace(self) -> float:
+        return self.shutdown_grace if self._grace is None else self._grace
 
     def _install_signal_handlers(self) -> list[Callable[[], None]]:
         if not self.handle_signals or threading.current_thread() is not threading.main_thread():

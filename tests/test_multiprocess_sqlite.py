@@ -1,0 +1,195 @@
+"""Several real worker processes on one SQLite file: exactly-once, crashes, SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from taskmill import AttemptOutcome, TaskFilter, Taskmill, TaskStatus
+from taskmill.testing import wait_until
+
+pytestmark = pytest.mark.slow
+
+WORKER = Path(__file__).with_name("worker_process.py")
+
+
+class Cluster:
+    """Starts worker processes and always reaps them."""
+
+    def __init__(self, url: str, log: Path) -> None:
+        self.url = url
+        self.log = log
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, *args: str) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [sys.executable, str(WORKER), "--url", self.url, "--log", str(self.log), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def lines(self, kind: str) -> list[list[str]]:
+        if not self.log.exists():
+            return []
+        rows = [line.split() for line in self.log.read_text().splitlines()]
+        return [row[1:] for row in rows if row and row[0] == kind]
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(f"sqlite:///{tmp_path / 'shared.db'}", tmp_path / "runs.log")
+    yield c
+    c.close()
+
+
+def wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> int:
+    try:
+        code = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out = proc.communicate()[0].decode(errors="replace")
+        raise AssertionError(f"worker did not exit within {timeout} s; output:\n{out}") from None
+    if code != 0:
+        out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+        raise AssertionError(f"worker exited with {code}; output:\n{out}")
+    return code
+
+
+async def lines_appear(cluster: Cluster, kind: str, count: int, timeout: float) -> None:
+    async def enough() -> bool:
+        return len(cluster.lines(kind)) >= count
+
+    await wait_until(enough, timeout=timeout)
+
+
+async def test_three_worker_processes_run_each_task_exactly_once(
+    cluster: Cluster, tmp_path: Path
+):
+    async with Taskmill(cluster.url, plugins=False) as tm:
+        tasks = await tm.enqueue_many(
+            [{"task_type": "record", "params": {"sleep": 0.01}} for _ in range(300)]
+        )
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    procs = [
+        cluster.start("--until-idle", "--concurrency", "4", "--barrier", str(barrier),
+                      "--parties", "3")
+        for _ in range(3)
+    ]
+    for proc in procs:
+        wait_exit(proc, 120)
+
+    runs = cluster.lines("ran")
+    counts = Counter(row[0] for row in runs)
+    assert set(counts) == {t.id for t in tasks}
+    assert max(counts.values()) == 1, [k for k, v in counts.items() if v > 1]
+    assert len({row[1] for row in runs}) == 3, "every worker process took part"
+    async with Taskmill(cluster.url, plugins=False) as tm:
+        summary = await tm.progress_summary()
+        assert summary.completed == 300 and summary.total == 300
+        done = await tm.query(TaskFilter(), limit=300)
+        assert all(t.attempts == 1 for t in done)
+
+
+async def _kill_mid_task_then_rescue(cluster: Cluster, lease: str, rescue: str | None,
+                                     deadline: float) -> None:
+    async with Taskmill(cluster.url, plugins=False) as tm:
+        task = await tm.enqueue("block-first", max_retries=3)
+        victim = cluster.start("--lease", lease)
+        await lines_appear(cluster, "started", 1, timeout=30)
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait(10)
+        held = await tm.get(task.id)
+        assert held is not None and held.status is TaskStatus.RUNNING
+
+        killed_at = time.monotonic()
+        options = ["--lease", lease] + (["--rescue-interval", rescue] if rescue else [])
+        rescuer = cluster.start(*options)
+        done = await tm.wait(task.id, timeout=deadline)
+        recovered_in = time.monotonic() - killed_at
+        rescuer.send_signal(signal.SIGTERM)
+        wait_exit(rescuer, 30)
+
+        assert done.status is TaskStatus.COMPLETED
+        assert done.result == rescuer.pid
+        assert done.attempts == 2
+        log = await tm.attempts(task.id)
+        assert [a.outcome for a in log] == [AttemptOutcome.LOST, AttemptOutcome.COMPLETED]
+        assert log[0].worker_id.split(":")[1] == str(victim.pid)
+        assert recovered_in < deadline
+
+
+async def test_a_killed_workers_task_is_completed_by_another_after_its_lease_expires(
+    cluster: Cluster,
+):
+    await _kill_mid_task_then_rescue(cluster, lease="1.0", rescue="0.2", deadline=30)
+
+
+async def test_with_default_settings_a_killed_workers_task_runs_again_within_a_minute(
+    cluster: Cluster,
+):
+    await _kill_mid_task_then_rescue(cluster, lease="30", rescue=None, deadline=60)
+
+
+async def test_sigterm_lets_short_tasks_finish(cluster: Cluster):
+    async with Taskmill(cluster.url, plugins=False) as tm:
+        tasks = await tm.enqueue_many(
+            [{"task_type": "steps", "params": {"steps": 5}} for _ in range(3)]
+        )
+        proc = cluster.start("--concurrency", "3", "--shutdown-grace", "20")
+        await lines_appear(cluster, "started", 3, timeout=30)
+        proc.send_signal(signal.SIGTERM)
+        wait_exit(proc, 30)
+        for task in tasks:
+            done = await tm.get(task.id)
+            assert done is not None and done.status is TaskStatus.COMPLETED
+
+
+async def test_sigterm_requeues_long_tasks_without_spending_an_attempt(cluster: Cluster):
+    async with Taskmill(cluster.url, plugins=False) as tm:
+        tasks = await tm.enqueue_many(
+            [{"task_type": "steps", "params": {"steps": 600}} for _ in range(3)]
+        )
+        proc = cluster.start("--concurrency", "3", "--shutdown-grace", "0.3")
+        await lines_appear(cluster, "started", 3, timeout=30)
+        proc.send_signal(signal.SIGTERM)
+        wait_exit(proc, 30)
+        for task in tasks:
+            back = await tm.get(task.id)
+            assert back is not None
+            assert back.status is TaskStatus.PENDING
+            assert back.attempts == 0 and back.worker_id is None
+            assert back.progress.done > 0  # what it reported before the stop is kept
+            (log,) = await tm.attempts(task.id)
+            assert log.outcome is AttemptOutcome.INTERRUPTED
+        assert cluster.lines("ran") == []
+
+
+async def test_a_second_signal_stops_at_once(cluster: Cluster):
+    async with Taskmill(cluster.url, plugins=False) as tm:
+        task = await tm.enqueue("steps", {"steps": 600})
+        proc = cluster.start("--shutdown-grace", "600")
+        await lines_appear(cluster, "started", 1, timeout=30)
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        wait_exit(proc, 30)
+        back = await tm.get(task.id)
+        assert back is not None and back.status is TaskStatus.PENDING

@@ -1,0 +1,102 @@
+"""A real worker process for the multi-process tests.
+
+Handlers append one line per event to the ``--log`` file (``O_APPEND`` writes of a short
+line are atomic), so the test can count exactly how often each handler ran, and where.
+
+    python tests/worker_process.py --url sqlite:///x.db --log runs.log [--until-idle]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+
+from taskmill import Context, Taskmill
+
+
+def record(log: Path, *fields: object) -> None:
+    line = " ".join(str(f) for f in fields) + "\n"
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def build(url: str, log: Path) -> Taskmill:
+    tm = Taskmill(url, plugins=False)
+    pid = os.getpid()
+
+    @tm.handler("record")
+    async def record_run(ctx: Context, params: dict) -> int:
+        record(log, "ran", ctx.task.id, pid, ctx.task.attempts)
+        await asyncio.sleep(params.get("sleep", 0))
+        return pid
+
+    @tm.handler("block-first")
+    async def block_first(ctx: Context, params: dict) -> int:
+        record(log, "started", ctx.task.id, pid, ctx.task.attempts)
+        if ctx.task.attempts == 1:
+            await asyncio.sleep(3600)  # the test kills this process meanwhile
+        record(log, "ran", ctx.task.id, pid, ctx.task.attempts)
+        return pid
+
+    @tm.handler("steps")
+    async def steps(ctx: Context, params: dict) -> int:
+        record(log, "started", ctx.task.id, pid, ctx.task.attempts)
+        for i in range(params["steps"]):
+            ctx.check_cancelled()
+            await asyncio.sleep(params.get("step_seconds", 0.1))
+            await ctx.progress(i + 1, params["steps"])
+        record(log, "ran", ctx.task.id, pid, ctx.task.attempts)
+        return pid
+
+    return tm
+
+
+async def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--log", type=Path, required=True)
+    parser.add_argument("--until-idle", action="store_true")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--lease", type=float, default=30.0)
+    parser.add_argument("--rescue-interval", type=float, default=None)
+    parser.add_argument("--shutdown-grace", type=float, default=30.0)
+    parser.add_argument("--barrier", type=Path, default=None,
+                        help="directory: wait until --parties processes are ready")
+    parser.add_argument("--parties", type=int, default=1)
+    args = parser.parse_args(argv)
+
+    tm = build(args.url, args.log)
+    async with tm:
+        if args.barrier is not None:
+            (args.barrier / str(os.getpid())).touch()
+            deadline = time.monotonic() + 60
+            while len(list(args.barrier.iterdir())) < args.parties:
+                if time.monotonic() > deadline:
+                    raise SystemExit("barrier timed out")
+                await asyncio.sleep(0.01)
+        record(args.log, "worker-ready", "-", os.getpid(), 0)
+        worker = tm.worker(
+            concurrency=args.concurrency,
+            reserved_high_priority_slots=0,
+            lease_seconds=args.lease,
+            rescue_interval=args.rescue_interval,
+            shutdown_grace=args.shutdown_grace,
+            min_poll_interval=0.01,
+            poll_interval=0.2,
+        )
+        if args.until_idle:
+            await worker.run_until_idle()
+        else:
+            await worker.run()
+        record(args.log, "worker-stopped", "-", os.getpid(), worker.processed)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1:]))
