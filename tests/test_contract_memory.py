@@ -1,7 +1,6 @@
 from collections.abc import AsyncIterator
 
 import pytest
-
 from taskmill.discovery import storage_for_url
 from taskmill.storage import TaskStorage
 from taskmill.testing import StorageContract

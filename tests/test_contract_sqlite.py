@@ -1,7 +1,6 @@
 from collections.abc import AsyncIterator
 
 import pytest
-
 from taskmill.backends.sqlite import SQLiteStorage
 from taskmill.storage import TaskStorage
 from taskmill.testing import StorageContract

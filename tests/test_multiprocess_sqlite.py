@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from taskmill import AttemptOutcome, TaskFilter, Taskmill, TaskStatus
 from taskmill.testing import wait_until
 
@@ -79,9 +78,7 @@ async def lines_appear(cluster: Cluster, kind: str, count: int, timeout: float) 
     await wait_until(enough, timeout=timeout)
 
 
-async def test_three_worker_processes_run_each_task_exactly_once(
-    cluster: Cluster, tmp_path: Path
-):
+async def test_three_worker_processes_run_each_task_exactly_once(cluster: Cluster, tmp_path: Path):
     async with Taskmill(cluster.url, plugins=False) as tm:
         tasks = await tm.enqueue_many(
             [{"task_type": "record", "params": {"sleep": 0.01}} for _ in range(300)]
@@ -89,8 +86,9 @@ async def test_three_worker_processes_run_each_task_exactly_once(
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     procs = [
-        cluster.start("--until-idle", "--concurrency", "4", "--barrier", str(barrier),
-                      "--parties", "3")
+        cluster.start(
+            "--until-idle", "--concurrency", "4", "--barrier", str(barrier), "--parties", "3"
+        )
         for _ in range(3)
     ]
     for proc in procs:
@@ -108,8 +106,9 @@ async def test_three_worker_processes_run_each_task_exactly_once(
         assert all(t.attempts == 1 for t in done)
 
 
-async def _kill_mid_task_then_rescue(cluster: Cluster, lease: str, rescue: str | None,
-                                     deadline: float) -> None:
+async def _kill_mid_task_then_rescue(
+    cluster: Cluster, lease: str, rescue: str | None, deadline: float
+) -> None:
     async with Taskmill(cluster.url, plugins=False) as tm:
         task = await tm.enqueue("block-first", max_retries=3)
         victim = cluster.start("--lease", lease)

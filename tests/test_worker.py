@@ -8,7 +8,6 @@ import time
 from datetime import timedelta
 
 import pytest
-
 from taskmill import (
     AttemptOutcome,
     Context,
@@ -30,8 +29,12 @@ FAST_RETRY = RetryPolicy(base=0.01, maximum=0.05, jitter=0.0)
 
 
 def worker_options(**overrides):
-    options = {"handle_signals": False, "retry_policy": FAST_RETRY, "min_poll_interval": 0.01,
-               "poll_interval": 0.05}
+    options = {
+        "handle_signals": False,
+        "retry_policy": FAST_RETRY,
+        "min_poll_interval": 0.01,
+        "poll_interval": 0.05,
+    }
     options.update(overrides)
     return options
 
@@ -116,7 +119,9 @@ async def test_failures_are_retried_with_backoff_then_succeed(tm: Taskmill):
     assert calls[2] - calls[1] >= 0.19  # doubled
     log = await tm.attempts(task.id)
     assert [a.outcome for a in log] == [
-        AttemptOutcome.FAILED, AttemptOutcome.FAILED, AttemptOutcome.COMPLETED
+        AttemptOutcome.FAILED,
+        AttemptOutcome.FAILED,
+        AttemptOutcome.COMPLETED,
     ]
     assert log[0].error == "RuntimeError: boom 1"
 
@@ -158,7 +163,8 @@ async def test_retry_redrives_a_dead_letter(tm: Taskmill):
     done = await tm.get(task.id)
     assert done is not None and done.status is TaskStatus.COMPLETED
     assert [a.outcome for a in await tm.attempts(task.id)] == [
-        AttemptOutcome.FAILED, AttemptOutcome.COMPLETED
+        AttemptOutcome.FAILED,
+        AttemptOutcome.COMPLETED,
     ]
     with pytest.raises(InvalidTransition):
         await tm.retry(task.id)
@@ -488,8 +494,10 @@ async def test_enqueue_many_accepts_dicts_and_specs_in_one_call(tm: Taskmill):
     from taskmill import TaskSpec
 
     tasks = await tm.enqueue_many(
-        [{"task_type": "a", "params": {"i": 1}, "priority": 1000},
-         TaskSpec(task_type="b", params={"i": 2})]
+        [
+            {"task_type": "a", "params": {"i": 1}, "priority": 1000},
+            TaskSpec(task_type="b", params={"i": 2}),
+        ]
     )
     assert [(t.task_type, t.priority) for t in tasks] == [("a", 1000), ("b", 100)]
     with pytest.raises(TypeError, match="unknown task spec field"):

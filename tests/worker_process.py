@@ -67,8 +67,12 @@ async def main(argv: list[str]) -> None:
     parser.add_argument("--lease", type=float, default=30.0)
     parser.add_argument("--rescue-interval", type=float, default=None)
     parser.add_argument("--shutdown-grace", type=float, default=30.0)
-    parser.add_argument("--barrier", type=Path, default=None,
-                        help="directory: wait until --parties processes are ready")
+    parser.add_argument(
+        "--barrier",
+        type=Path,
+        default=None,
+        help="directory: wait until --parties processes are ready",
+    )
     parser.add_argument("--parties", type=int, default=1)
     args = parser.parse_args(argv)
 

@@ -1,8 +1,13 @@
 """taskmill: durable background tasks with a backend-agnostic core."""
+
+from taskmill.app import Taskmill
+from taskmill.backoff import RetryPolicy
+from taskmill.context import Context
 from taskmill.errors import (
     BackendNotInstalled,
     Cancelled,
     Fail,
+    HandlerConflict,
     InvalidParams,
     InvalidTransition,
     InvalidURL,
@@ -11,6 +16,7 @@ from taskmill.errors import (
     StorageUnavailable,
     TaskmillError,
     TaskNotFound,
+    WaitTimeout,
 )
 from taskmill.model import (
     Attempt,
@@ -24,12 +30,8 @@ from taskmill.model import (
     TaskSpec,
     TaskStatus,
 )
-from taskmill.storage import TaskStorage
-from taskmill.app import Taskmill
-from taskmill.backoff import RetryPolicy
-from taskmill.context import Context
-from taskmill.errors import HandlerConflict, WaitTimeout
 from taskmill.registry import Handler, HandlerRegistry
+from taskmill.storage import TaskStorage
 from taskmill.worker import Worker
 
 __all__ = [

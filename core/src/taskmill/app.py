@@ -124,8 +124,12 @@ class Taskmill:
 
         def decorate(func: F) -> F:
             self.register(
-                task_type, func, app_id=app_id, max_retries=max_retries,
-                timeout=timeout, concurrency=concurrency,
+                task_type,
+                func,
+                app_id=app_id,
+                max_retries=max_retries,
+                timeout=timeout,
+                concurrency=concurrency,
             )
             return func
 
@@ -146,8 +150,12 @@ class Taskmill:
         :raises HandlerConflict: the key already has a handler.
         """
         return self.registry.register(
-            task_type, handler, app_id=app_id, max_retries=max_retries,
-            timeout=timeout, concurrency=concurrency,
+            task_type,
+            handler,
+            app_id=app_id,
+            max_retries=max_retries,
+            timeout=timeout,
+            concurrency=concurrency,
         )
 
     # -- enqueueing --------------------------------------------------------------------
@@ -159,8 +167,8 @@ class Taskmill:
             raise ValueError("give run_at or delay, not both")
         run_at = spec.run_at
         if spec.delay is not None:
-            delay = spec.delay if isinstance(spec.delay, timedelta) else timedelta(
-                seconds=spec.delay
+            delay = (
+                spec.delay if isinstance(spec.delay, timedelta) else timedelta(seconds=spec.delay)
             )
             run_at = utcnow() + delay
         max_retries = spec.max_retries
@@ -211,9 +219,16 @@ class Taskmill:
         :raises InvalidParams: params is not a JSON object or is too large.
         """
         spec = TaskSpec(
-            task_type=task_type, params=params, app_id=app_id, priority=priority,
-            dedupe_key=dedupe_key, run_at=run_at, delay=delay, parent_id=parent_id,
-            max_retries=max_retries, user_id=user_id,
+            task_type=task_type,
+            params=params,
+            app_id=app_id,
+            priority=priority,
+            dedupe_key=dedupe_key,
+            run_at=run_at,
+            delay=delay,
+            parent_id=parent_id,
+            max_retries=max_retries,
+            user_id=user_id,
         )
         (task,) = await self._enqueue_specs([spec])
         return task
@@ -244,8 +259,14 @@ class Taskmill:
         self._check_open()
         return await self.storage.get(task_id)
 
-    async def query(self, filter: TaskFilter | None = None, *, limit: int = 100,
-                    offset: int = 0, newest_first: bool = False) -> list[Task]:
+    async def query(
+        self,
+        filter: TaskFilter | None = None,
+        *,
+        limit: int = 100,
+        offset: int = 0,
+        newest_first: bool = False,
+    ) -> list[Task]:
         """Tasks matching ``filter``, oldest first (or newest first)."""
         self._check_open()
         return await self.storage.query(
@@ -268,9 +289,7 @@ class Taskmill:
             if task.status.terminal:
                 return task
             if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimeout(
-                    f"task {task_id} is still {task.status.value} after {timeout} s"
-                )
+                raise WaitTimeout(f"task {task_id} is still {task.status.value} after {timeout} s")
             pause = delay if deadline is None else min(delay, deadline - time.monotonic())
             await asyncio.sleep(max(0.0, pause))
             delay = min(0.25, delay * 1.5)
@@ -347,6 +366,7 @@ class Taskmill:
     async def _before_handler(self, task: Task, ctx: Any) -> None:
         return None
 
-    async def _after_finish(self, finish: Finish, stored: Task | None,
-                            claimed: Task | None) -> None:
+    async def _after_finish(
+        self, finish: Finish, stored: Task | None, claimed: Task | None
+    ) -> None:
         return None

@@ -706,9 +706,12 @@ async def _cleanup(args: argparse.Namespace) -> int:
 
 
 async def _migrate(args: argparse.Namespace) -> int:
-    # auto_migrate: open() would otherwise refuse the older schema this command is for.
-    async with Taskmill(args.url, plugins=False, auto_migrate=True) as tm:
+    # Not through open(): it refuses the older schema this command is there to upgrade.
+    tm = Taskmill(args.url, plugins=False)
+    try:
         version = await tm.storage.migrate()
+    finally:
+        await tm.storage.close()
     print(f"schema version {version} ({_redacted(tm.url)})")
     return EXIT_OK
 
@@ -828,10 +831,12 @@ async def _demo(args: argparse.Namespace) -> int:
     for task in tasks:
         if task.status is TaskStatus.FAILED:
             console.print(
+                Text(f"{task.task_type} {_short(task.id)} failed: {_truncate(task.error, 80)}")
+            )
+            console.print(
                 Text(
-                    f"{task.task_type} {_short(task.id)} failed ({_truncate(task.error, 60)}); "
-                    f"inspect it: taskmill{url_option} show {_short(task.id)}; redrive it: "
-                    f"taskmill{url_option} retry {_short(task.id)}"
+                    f"  inspect it: taskmill{url_option} show {_short(task.id)}\n"
+                    f"  redrive it: taskmill{url_option} retry {_short(task.id)}"
                 )
             )
     unfinished = sum(t.unfinished for t in tallies)
@@ -894,7 +899,10 @@ def _demo_view(summary: ProgressSummary, running: Sequence[Task], elapsed: float
             Text(progress.message or ""),
         )
     if not running:
-        waiting = "waiting for retries to come due" if summary.pending else "no task running"
+        if summary.pending:
+            waiting = "waiting for retries to come due"
+        else:
+            waiting = "all tasks finished" if summary.finished == summary.total else "idle"
         return Group(overall, Text(waiting, style="dim"))
     return Group(overall, table)
 

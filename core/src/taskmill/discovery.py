@@ -73,8 +73,7 @@ def storage_class(url: str) -> type[TaskStorage]:
         if scheme in KNOWN_PACKAGES:
             package = KNOWN_PACKAGES[scheme]
             raise BackendNotInstalled(
-                f"the {scheme}:// backend is not installed; install it with: "
-                f"pip install {package}"
+                f"the {scheme}:// backend is not installed; install it with: pip install {package}"
             )
         raise InvalidURL(
             f"unknown storage URL scheme {scheme!r} in {url!r}; installed backends serve: "

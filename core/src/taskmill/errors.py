@@ -50,11 +50,11 @@ class HandlerConflict(TaskmillError):
     """Two handlers were registered for the same (app_id, task_type)."""
 
 
-class Cancelled(TaskmillError):  # noqa: N818 - the SPEC fixes this name
+class Cancelled(TaskmillError):
     """The task was cancelled; raised by ``Context.check_cancelled()``."""
 
 
-class Retry(TaskmillError):  # noqa: N818 - the SPEC fixes this name
+class Retry(TaskmillError):
     """Raised by a handler to ask for another attempt.
 
     ``delay`` (seconds) overrides the exponential backoff for this retry. The retry
@@ -66,7 +66,7 @@ class Retry(TaskmillError):  # noqa: N818 - the SPEC fixes this name
         super().__init__(message or "handler asked for a retry")
 
 
-class Fail(TaskmillError):  # noqa: N818 - the SPEC fixes this name
+class Fail(TaskmillError):
     """Raised by a handler to fail the task at once, without retrying (dead letter)."""
 
 

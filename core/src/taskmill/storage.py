@@ -339,9 +339,7 @@ class TaskStorage(abc.ABC):
         self,
         older_than: timedelta,
         *,
-        statuses: frozenset[TaskStatus] = frozenset(
-            {TaskStatus.COMPLETED, TaskStatus.CANCELLED}
-        ),
+        statuses: frozenset[TaskStatus] = frozenset({TaskStatus.COMPLETED, TaskStatus.CANCELLED}),
     ) -> int:
         """Delete tasks in ``statuses`` (terminal ones only) that finished more than
         ``older_than`` ago, with their execution logs.

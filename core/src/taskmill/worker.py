@@ -14,6 +14,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
+import functools
 import logging
 import os
 import signal
@@ -61,6 +62,10 @@ class _Execution:
     future: asyncio.Future[None] | None = None
     abandoned: bool = False
     """True once its outcome must not be written (lease lost, or given up at shutdown)."""
+
+
+def _remove_signal_handler(loop: asyncio.AbstractEventLoop, sig: signal.Signals) -> None:
+    loop.remove_signal_handler(sig)
 
 
 def default_worker_id() -> str:
@@ -640,7 +645,7 @@ class Worker:
                 loop.add_signal_handler(sig, self._on_signal, sig)
             except (NotImplementedError, RuntimeError):  # pragma: no cover - non-Unix
                 continue
-            removers.append(lambda s=sig: loop.remove_signal_handler(s))
+            removers.append(functools.partial(_remove_signal_handler, loop, sig))
         return removers
 
     def _on_signal(self, sig: signal.Signals) -> None:

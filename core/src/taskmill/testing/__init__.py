@@ -119,7 +119,10 @@ def claim(
         key: HandlerKey = (None, t) if isinstance(t, str) else t
         keys[key] = (caps or {}).get(key)
     return ClaimRequest(
-        worker_id=worker, handlers=keys, limit=limit, lease_seconds=lease,
+        worker_id=worker,
+        handlers=keys,
+        limit=limit,
+        lease_seconds=lease,
         min_priority=min_priority,
     )
 
@@ -167,7 +170,7 @@ class StorageContract:
 
     # -- enqueue and read -------------------------------------------------------
 
-    async def test_enqueue_returns_pending_snapshots_in_order(self, storage: TaskStorage):
+    async def test_enqueue_returns_pending_snapshots_in_order(self, storage: TaskStorage) -> None:
         specs = [new_task("a", {"n": i}) for i in range(5)]
         stored = await storage.enqueue(specs)
         assert [t.id for t in stored] == [s.id for s in specs]
@@ -178,12 +181,18 @@ class StorageContract:
             assert task.worker_id is None
             assert task.created_at.tzinfo is not None
 
-    async def test_get_returns_the_stored_task_with_every_field(self, storage: TaskStorage):
+    async def test_get_returns_the_stored_task_with_every_field(self, storage: TaskStorage) -> None:
         when = utcnow() + timedelta(hours=1)
         spec = new_task(
-            "resize", {"path": "a.png", "sizes": [1, 2], "nested": {"ok": True}},
-            app_id="photos", priority=Priority.URGENT, max_retries=7, run_at=when,
-            dedupe_key="k", parent_id=None, user_id="alice",
+            "resize",
+            {"path": "a.png", "sizes": [1, 2], "nested": {"ok": True}},
+            app_id="photos",
+            priority=Priority.URGENT,
+            max_retries=7,
+            run_at=when,
+            dedupe_key="k",
+            parent_id=None,
+            user_id="alice",
         )
         (stored,) = await storage.enqueue([spec])
         task = await storage.get(spec.id)
@@ -198,10 +207,10 @@ class StorageContract:
         assert abs((task.run_at - when).total_seconds()) < 0.001
         assert task.run_at.utcoffset() == timedelta(0)
 
-    async def test_get_unknown_id_is_none(self, storage: TaskStorage):
+    async def test_get_unknown_id_is_none(self, storage: TaskStorage) -> None:
         assert await storage.get(str(uuid.uuid4())) is None
 
-    async def test_unicode_and_large_params_round_trip(self, storage: TaskStorage):
+    async def test_unicode_and_large_params_round_trip(self, storage: TaskStorage) -> None:
         params = {"text": "zażółć 🐍 " * 1000, "n": 2**53, "f": 0.1}
         (task,) = await storage.enqueue([new_task("a", params)])
         fetched = await storage.get(task.id)
@@ -209,7 +218,7 @@ class StorageContract:
 
     # -- claiming ---------------------------------------------------------------
 
-    async def test_claim_orders_by_priority_then_creation(self, storage: TaskStorage):
+    async def test_claim_orders_by_priority_then_creation(self, storage: TaskStorage) -> None:
         low = await storage.enqueue([new_task(priority=Priority.BACKGROUND)])
         normal = await storage.enqueue([new_task(), new_task()])
         urgent = await storage.enqueue([new_task(priority=Priority.URGENT)])
@@ -218,7 +227,7 @@ class StorageContract:
 
     async def test_claim_sets_running_worker_lease_and_counts_the_attempt(
         self, storage: TaskStorage
-    ):
+    ) -> None:
         (task,) = await storage.enqueue([new_task()])
         before = utcnow()
         (claimed,) = await storage.claim_batch(claim(worker="w-7", lease=30))
@@ -231,20 +240,20 @@ class StorageContract:
         assert claimed.lease_expires_at >= before + timedelta(seconds=29)
         assert await storage.get(task.id) == claimed
 
-    async def test_claim_respects_limit(self, storage: TaskStorage):
+    async def test_claim_respects_limit(self, storage: TaskStorage) -> None:
         await storage.enqueue([new_task() for _ in range(7)])
         assert len(await storage.claim_batch(claim(limit=3))) == 3
         assert len(await storage.claim_batch(claim(limit=10))) == 4
         assert await storage.claim_batch(claim(limit=10)) == []
 
-    async def test_claim_takes_only_registered_types(self, storage: TaskStorage):
+    async def test_claim_takes_only_registered_types(self, storage: TaskStorage) -> None:
         await storage.enqueue([new_task("mine"), new_task("other")])
         claimed = await storage.claim_batch(claim("mine"))
         assert [t.task_type for t in claimed] == ["mine"]
         other = await storage.query(TaskFilter(task_types=("other",)))
         assert other[0].status is TaskStatus.PENDING
 
-    async def test_claim_skips_tasks_not_yet_due(self, storage: TaskStorage):
+    async def test_claim_skips_tasks_not_yet_due(self, storage: TaskStorage) -> None:
         later = utcnow() + timedelta(hours=1)
         await storage.enqueue([new_task(run_at=later)])
         (due,) = await storage.enqueue([new_task(run_at=utcnow() - timedelta(seconds=1))])
@@ -252,14 +261,14 @@ class StorageContract:
 
     async def test_claim_with_min_priority_takes_only_high_priority(
         self, storage: TaskStorage
-    ):
+    ) -> None:
         await storage.enqueue([new_task(priority=Priority.NORMAL)])
         (high,) = await storage.enqueue([new_task(priority=Priority.USER_ACTION)])
         claimed = await storage.claim_batch(claim(min_priority=Priority.USER_ACTION))
         assert [t.id for t in claimed] == [high.id]
         assert await storage.claim_batch(claim(min_priority=Priority.USER_ACTION)) == []
 
-    async def test_claim_honours_a_handler_cap(self, storage: TaskStorage):
+    async def test_claim_honours_a_handler_cap(self, storage: TaskStorage) -> None:
         await storage.enqueue([new_task("capped", priority=200) for _ in range(5)])
         await storage.enqueue([new_task("free") for _ in range(5)])
         claimed = await storage.claim_batch(
@@ -271,10 +280,13 @@ class StorageContract:
 
     async def test_app_handler_takes_precedence_over_host_handler(
         self, storage: TaskStorage
-    ):
+    ) -> None:
         await storage.enqueue(
-            [new_task("thumb", app_id="photos"), new_task("thumb", app_id="docs"),
-             new_task("thumb")]
+            [
+                new_task("thumb", app_id="photos"),
+                new_task("thumb", app_id="docs"),
+                new_task("thumb"),
+            ]
         )
         only_photos = await storage.claim_batch(claim(("photos", "thumb")))
         assert [t.app_id for t in only_photos] == ["photos"]
@@ -283,17 +295,15 @@ class StorageContract:
 
     async def test_host_handler_cap_does_not_count_app_handler_tasks(
         self, storage: TaskStorage
-    ):
+    ) -> None:
         await storage.enqueue([new_task("t", app_id="a") for _ in range(3)])
         await storage.enqueue([new_task("t") for _ in range(3)])
-        claimed = await storage.claim_batch(
-            claim("t", ("a", "t"), limit=10, caps={(None, "t"): 1})
-        )
+        claimed = await storage.claim_batch(claim("t", ("a", "t"), limit=10, caps={(None, "t"): 1}))
         apps = [t.app_id for t in claimed]
         assert apps.count("a") == 3
         assert apps.count(None) == 1
 
-    async def test_a_task_is_claimed_by_one_worker_only(self, storage: TaskStorage):
+    async def test_a_task_is_claimed_by_one_worker_only(self, storage: TaskStorage) -> None:
         await storage.enqueue([new_task() for _ in range(50)])
         batches = await asyncio.gather(
             *(storage.claim_batch(claim(worker=f"w{i}", limit=7)) for i in range(10))
@@ -308,12 +318,11 @@ class StorageContract:
 
     async def test_complete_stores_result_clears_lease_and_logs_the_attempt(
         self, storage: TaskStorage
-    ):
+    ) -> None:
         await storage.enqueue([new_task()])
         (task,) = await storage.claim_batch(claim())
         (done,) = await storage.finish_batch(
-            [finish(task, result={"ok": [1, 2]}, data={"seen": 3},
-                    progress=Progress(3, 3, "done"))]
+            [finish(task, result={"ok": [1, 2]}, data={"seen": 3}, progress=Progress(3, 3, "done"))]
         )
         assert done is not None
         assert done.status is TaskStatus.COMPLETED
@@ -329,16 +338,15 @@ class StorageContract:
         assert attempt.outcome is AttemptOutcome.COMPLETED
         assert attempt.elapsed_ms >= 0
 
-    async def test_finish_batch_applies_many_in_one_call(self, storage: TaskStorage):
+    async def test_finish_batch_applies_many_in_one_call(self, storage: TaskStorage) -> None:
         await storage.enqueue([new_task() for _ in range(20)])
         claimed = await storage.claim_batch(claim(limit=20))
-        results = await storage.finish_batch([finish(t, result=i) for i, t in
-                                              enumerate(claimed)])
+        results = await storage.finish_batch([finish(t, result=i) for i, t in enumerate(claimed)])
         assert [r.result for r in results if r] == list(range(20))
         summary = await storage.summary(TaskFilter())
         assert summary.completed == 20
 
-    async def test_finish_with_a_lost_lease_changes_nothing(self, storage: TaskStorage):
+    async def test_finish_with_a_lost_lease_changes_nothing(self, storage: TaskStorage) -> None:
         await storage.enqueue([new_task()])
         (task,) = await storage.claim_batch(claim(worker="owner"))
         imposter = Lease(task_id=task.id, worker_id="other", attempt=task.attempts)
@@ -346,9 +354,16 @@ class StorageContract:
         now = utcnow()
         for lease in (imposter, stale):
             result = await storage.finish_batch(
-                [Finish(lease=lease, kind=FinishKind.COMPLETE,
-                        outcome=AttemptOutcome.COMPLETED, started_at=now,
-                        finished_at=now, result_json="1")]
+                [
+                    Finish(
+                        lease=lease,
+                        kind=FinishKind.COMPLETE,
+                        outcome=AttemptOutcome.COMPLETED,
+                        started_at=now,
+                        finished_at=now,
+                        result_json="1",
+                    )
+                ]
             )
             assert result == [None]
         assert await storage.get(task.id) == task
@@ -356,7 +371,7 @@ class StorageContract:
 
     async def test_retry_requeues_with_delay_and_keeps_the_attempt(
         self, storage: TaskStorage
-    ):
+    ) -> None:
         await storage.enqueue([new_task()])
         (task,) = await storage.claim_batch(claim())
         (retried,) = await storage.finish_batch(
@@ -371,26 +386,24 @@ class StorageContract:
         (attempt,) = await storage.attempts(task.id)
         assert attempt.outcome is AttemptOutcome.FAILED and attempt.error == "boom"
 
-    async def test_retry_with_no_delay_is_claimable_again(self, storage: TaskStorage):
+    async def test_retry_with_no_delay_is_claimable_again(self, storage: TaskStorage) -> None:
         await storage.enqueue([new_task()])
         (task,) = await storage.claim_batch(claim())
         await storage.finish_batch([finish(task, FinishKind.RETRY, error="x")])
         (again,) = await storage.claim_batch(claim())
         assert again.id == task.id and again.attempts == 2
 
-    async def test_fail_is_the_dead_letter_state(self, storage: TaskStorage):
+    async def test_fail_is_the_dead_letter_state(self, storage: TaskStorage) -> None:
         await storage.enqueue([new_task()])
         (task,) = await storage.claim_batch(claim())
-        (failed,) = await storage.finish_batch(
-            [finish(task, FinishKind.FAIL, error="bad input")]
-        )
+        (failed,) = await storage.finish_batch([finish(task, FinishKind.FAIL, error="bad input")])
         assert failed is not None
         assert failed.status is TaskStatus.FAILED
         assert failed.error == "bad input"
         assert failed.finished_at is not None
         assert await storage.claim_batch(claim()) == []
 
-    async def test_release_requeues_without_spending_an_attempt(self, storage: TaskStorage):
+    async def test_release_requeues_without_spending_an_attempt(self, storage: TaskStorage) -> None:
         await storage.enqueue([new_task()])
         (task,) = await storage.claim_batch(claim())
         (released,) = await storage.finish_batch([finish(task, FinishKind.RELEASE)])
@@ -402,19 +415,25 @@ class StorageContract:
         (logged,) = await storage.attempts(task.id)
         assert logged.outcome is AttemptOutcome.INTERRUPTED
 
-    async def test_timeout_outcome_is_logged(self, storage: TaskStorage):
+    async def test_timeout_outcome_is_logged(self, storage: TaskStorage) -> None:
         await storage.enqueue([new_task()])
         (task,) = await storage.claim_batch(claim())
         await storage.finish_batch(
-            [finish(task, FinishKind.RETRY, error="timed out after 1s",
-                    outcome=AttemptOutcome.TIMED_OUT)]
+            [
+                finish(
+                    task,
+                    FinishKind.RETRY,
+                    error="timed out after 1s",
+                    outcome=AttemptOutcome.TIMED_OUT,
+                )
+            ]
         )
         (attempt,) = await storage.attempts(task.id)
         assert attempt.outcome is AttemptOutcome.TIMED_OUT
 
     # -- leases -----------------------------------------------------------------
 
-    async def test_renew_extends_held_leases_only(self, storage: TaskStorage):
+    async def test_renew_extends_held_leases_only(self, storage: TaskStorage) -> None:
         await storage.enqueue([new_task(), new_task()])
         a, b = await storage.claim_batch(claim(lease=5))
         await storage.finish_batch([finish(b)])
@@ -426,7 +445,7 @@ class StorageContract:
 
     async def test_expired_lease_is_rescued_with_the_attempt_counted(
         self, storage: TaskStorage
-    ):
+    ) -> None:
         await storage.enqueue([new_task(max_retries=2)])
         (task,) = await storage.claim_batch(claim(worker="dead", lease=0.05))
         rescued = await wait_until(storage.rescue_expired)
@@ -441,7 +460,7 @@ class StorageContract:
         assert lost.outcome is AttemptOutcome.LOST and lost.worker_id == "dead"
         assert await storage.rescue_expired() == []
 
-    async def test_rescue_fails_a_task_that_has_no_retries_left(self, storage: TaskStorage):
+    async def test_rescue_fails_a_task_that_has_no_retries_left(self, storage: TaskStorage) -> None:
         await storage.enqueue([new_task(max_retries=0)])
         (task,) = await storage.claim_batch(claim(lease=0.05))
         await wait_until(storage.rescue_expired)
@@ -449,7 +468,7 @@ class StorageContract:
         assert current is not None and current.status is TaskStatus.FAILED
         assert current.error == "lease expired"
 
-    async def test_live_leases_are_not_rescued(self, storage: TaskStorage):
+    async def test_live_leases_are_not_rescued(self, storage: TaskStorage) -> None:
         await storage.enqueue([new_task()])
         (task,) = await storage.claim_batch(claim(lease=60))
         assert await storage.rescue_expired() == []
@@ -457,7 +476,7 @@ class StorageContract:
 
     async def test_a_worker_that_lost_its_lease_cannot_overwrite_the_new_owner(
         self, storage: TaskStorage
-    ):
+    ) -> None:
         await storage.enqueue([new_task()])
         (old,) = await storage.claim_batch(claim(worker="slow", lease=0.05))
         await wait_until(storage.rescue_expired)
@@ -465,18 +484,20 @@ class StorageContract:
         assert new.attempts == 2
         assert await storage.finish_batch([finish(old, result="stale")]) == [None]
         assert await storage.renew_leases([lease_of(old)], 30) == {}
-        assert await storage.save_progress(
-            [ProgressUpdate(lease=lease_of(old), progress=Progress(1, 2))]
-        ) == set()
+        assert (
+            await storage.save_progress(
+                [ProgressUpdate(lease=lease_of(old), progress=Progress(1, 2))]
+            )
+            == set()
+        )
         (done,) = await storage.finish_batch([finish(new, result="fresh")])
         assert done is not None and done.result == "fresh"
 
-    async def test_save_progress_is_fenced_by_the_lease(self, storage: TaskStorage):
+    async def test_save_progress_is_fenced_by_the_lease(self, storage: TaskStorage) -> None:
         await storage.enqueue([new_task()])
         (task,) = await storage.claim_batch(claim())
         written = await storage.save_progress(
-            [ProgressUpdate(lease=lease_of(task), progress=Progress(2, 10, "two"),
-                            data={"k": "v"})]
+            [ProgressUpdate(lease=lease_of(task), progress=Progress(2, 10, "two"), data={"k": "v"})]
         )
         assert written == {task.id}
         current = await storage.get(task.id)
@@ -489,7 +510,7 @@ class StorageContract:
 
     async def test_retry_redrives_a_failed_task_with_a_fresh_budget(
         self, storage: TaskStorage
-    ):
+    ) -> None:
         await storage.enqueue([new_task(max_retries=0)])
         (task,) = await storage.claim_batch(claim())
         await storage.finish_batch([finish(task, FinishKind.FAIL, error="x")])
@@ -501,7 +522,7 @@ class StorageContract:
         assert again.id == task.id
         assert len(await storage.attempts(task.id)) == 1
 
-    async def test_retry_refuses_active_tasks_and_unknown_ids(self, storage: TaskStorage):
+    async def test_retry_refuses_active_tasks_and_unknown_ids(self, storage: TaskStorage) -> None:
         (task,) = await storage.enqueue([new_task()])
         with pytest.raises(InvalidTransition):
             await storage.retry(task.id)
@@ -512,7 +533,7 @@ class StorageContract:
 
     async def test_dedupe_key_with_an_active_leader_makes_an_alias(
         self, storage: TaskStorage
-    ):
+    ) -> None:
         (leader,) = await storage.enqueue([new_task("t", dedupe_key="k")])
         (alias,) = await storage.enqueue([new_task("t", dedupe_key="k")])
         assert leader.alias_of is None
@@ -521,15 +542,18 @@ class StorageContract:
         claimed = await storage.claim_batch(claim("t"))
         assert [t.id for t in claimed] == [leader.id]
 
-    async def test_dedupe_is_scoped_by_app_and_type(self, storage: TaskStorage):
+    async def test_dedupe_is_scoped_by_app_and_type(self, storage: TaskStorage) -> None:
         tasks = await storage.enqueue(
-            [new_task("t", dedupe_key="k"), new_task("u", dedupe_key="k"),
-             new_task("t", dedupe_key="k", app_id="a")]
+            [
+                new_task("t", dedupe_key="k"),
+                new_task("u", dedupe_key="k"),
+                new_task("t", dedupe_key="k", app_id="a"),
+            ]
         )
         assert all(t.alias_of is None for t in tasks)
 
-    async def test_aliases_take_the_leaders_outcome(self, storage: TaskStorage):
-        (leader,) = await storage.enqueue([new_task("t", dedupe_key="k")])
+    async def test_aliases_take_the_leaders_outcome(self, storage: TaskStorage) -> None:
+        await storage.enqueue([new_task("t", dedupe_key="k")])
         aliases = await storage.enqueue([new_task("t", dedupe_key="k") for _ in range(3)])
         (running,) = await storage.claim_batch(claim("t"))
         await storage.finish_batch([finish(running, result={"v": 1})])
@@ -539,8 +563,8 @@ class StorageContract:
             assert current.status is TaskStatus.COMPLETED
             assert current.result == {"v": 1}
 
-    async def test_a_terminal_leader_frees_its_dedupe_key(self, storage: TaskStorage):
-        (leader,) = await storage.enqueue([new_task("t", dedupe_key="k")])
+    async def test_a_terminal_leader_frees_its_dedupe_key(self, storage: TaskStorage) -> None:
+        await storage.enqueue([new_task("t", dedupe_key="k")])
         (running,) = await storage.claim_batch(claim("t"))
         await storage.finish_batch([finish(running, FinishKind.FAIL, error="x")])
         (second,) = await storage.enqueue([new_task("t", dedupe_key="k")])
@@ -548,7 +572,7 @@ class StorageContract:
 
     async def test_concurrent_enqueues_with_one_key_yield_one_leader(
         self, storage: TaskStorage
-    ):
+    ) -> None:
         results = await asyncio.gather(
             *(storage.enqueue([new_task("t", dedupe_key="same")]) for _ in range(20))
         )
@@ -559,12 +583,14 @@ class StorageContract:
 
     # -- queries ----------------------------------------------------------------
 
-    async def test_query_filters(self, storage: TaskStorage):
+    async def test_query_filters(self, storage: TaskStorage) -> None:
         (parent,) = await storage.enqueue([new_task("p")])
         await storage.enqueue(
-            [new_task("a", app_id="x", user_id="u1", parent_id=parent.id),
-             new_task("b", app_id="y", user_id="u2", dedupe_key="d"),
-             new_task("a", app_id="y")]
+            [
+                new_task("a", app_id="x", user_id="u1", parent_id=parent.id),
+                new_task("b", app_id="y", user_id="u2", dedupe_key="d"),
+                new_task("a", app_id="y"),
+            ]
         )
 
         async def types(f: TaskFilter) -> list[str]:
@@ -578,7 +604,7 @@ class StorageContract:
         assert await types(TaskFilter(statuses=(TaskStatus.RUNNING,))) == []
         assert len(await storage.query(TaskFilter(statuses=(TaskStatus.PENDING,)))) == 4
 
-    async def test_query_time_window_limit_offset_and_order(self, storage: TaskStorage):
+    async def test_query_time_window_limit_offset_and_order(self, storage: TaskStorage) -> None:
         first = await storage.enqueue([new_task(params={"i": i}) for i in range(3)])
         await asyncio.sleep(0.01)
         middle = utcnow()
@@ -586,7 +612,8 @@ class StorageContract:
         second = await storage.enqueue([new_task(params={"i": i}) for i in range(3, 5)])
         ids = [t.id for t in first + second]
         assert [t.id for t in await storage.query(TaskFilter())] == ids
-        assert [t.id for t in await storage.query(TaskFilter(), limit=2, offset=1)] == ids[1:3]
+        window = await storage.query(TaskFilter(), limit=2, offset=1)
+        assert [t.id for t in window] == ids[1:3]
         newest = await storage.query(TaskFilter(), newest_first=True, limit=2)
         assert [t.id for t in newest] == ids[::-1][:2]
         after = await storage.query(TaskFilter(created_after=middle))
@@ -594,9 +621,9 @@ class StorageContract:
         before = await storage.query(TaskFilter(created_before=middle))
         assert [t.id for t in before] == [t.id for t in first]
 
-    async def test_summary_counts_by_status(self, storage: TaskStorage):
+    async def test_summary_counts_by_status(self, storage: TaskStorage) -> None:
         await storage.enqueue([new_task() for _ in range(6)])
-        a, b, c = await storage.claim_batch(claim(limit=3))
+        a, b, _c = await storage.claim_batch(claim(limit=3))
         await storage.finish_batch([finish(a), finish(b, FinishKind.FAIL, error="x")])
         summary = await storage.summary(TaskFilter())
         assert (summary.total, summary.pending, summary.running) == (6, 3, 1)
@@ -604,11 +631,14 @@ class StorageContract:
         assert summary.pct == pytest.approx(100 * 2 / 6)
         assert (await storage.summary(TaskFilter(task_types=("none",)))).total == 0
 
-    async def test_next_run_at_reports_the_earliest_pending_task(self, storage: TaskStorage):
+    async def test_next_run_at_reports_the_earliest_pending_task(
+        self, storage: TaskStorage
+    ) -> None:
         assert await storage.next_run_at([(None, "job")]) is None
         soon = utcnow() + timedelta(seconds=30)
-        await storage.enqueue([new_task(run_at=soon + timedelta(hours=1)),
-                               new_task(run_at=soon), new_task("other")])
+        await storage.enqueue(
+            [new_task(run_at=soon + timedelta(hours=1)), new_task(run_at=soon), new_task("other")]
+        )
         earliest = await storage.next_run_at([(None, "job")])
         assert earliest is not None and abs((earliest - soon).total_seconds()) < 0.001
 
@@ -616,7 +646,7 @@ class StorageContract:
 
     async def test_cleanup_deletes_old_terminal_tasks_and_their_log(
         self, storage: TaskStorage
-    ):
+    ) -> None:
         await storage.enqueue([new_task() for _ in range(3)])
         done, failed, _running = await storage.claim_batch(claim(limit=3))
         await storage.finish_batch([finish(done), finish(failed, FinishKind.FAIL, error="x")])
@@ -628,20 +658,23 @@ class StorageContract:
         assert await storage.attempts(done.id) == []
         assert await storage.get(failed.id) is not None
         assert await storage.get(pending.id) is not None
-        deleted = await storage.cleanup(
-            timedelta(0), statuses=frozenset({TaskStatus.FAILED})
-        )
+        deleted = await storage.cleanup(timedelta(0), statuses=frozenset({TaskStatus.FAILED}))
         assert deleted == 1
         with pytest.raises(ValueError, match="terminal"):
             await storage.cleanup(timedelta(0), statuses=frozenset({TaskStatus.PENDING}))
 
-    async def test_timestamps_are_timezone_aware_utc(self, storage: TaskStorage):
+    async def test_timestamps_are_timezone_aware_utc(self, storage: TaskStorage) -> None:
         await storage.enqueue([new_task()])
         (task,) = await storage.claim_batch(claim())
         (done,) = await storage.finish_batch([finish(task)])
         assert done is not None
-        for value in (done.created_at, done.run_at, done.updated_at, done.started_at,
-                      done.finished_at):
+        for value in (
+            done.created_at,
+            done.run_at,
+            done.updated_at,
+            done.started_at,
+            done.finished_at,
+        ):
             assert value is not None
             assert value.utcoffset() == timedelta(0)
             assert abs((value - datetime.now(UTC)).total_seconds()) < 60

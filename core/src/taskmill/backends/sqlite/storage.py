@@ -181,8 +181,8 @@ _FIND_LEADER: Final = (
 _SELECT_TASK: Final = f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"
 _FENCE: Final = " WHERE id = ? AND status = 'running' AND worker_id = ? AND attempts = ?"
 _INSERT_ATTEMPT: Final = (
-    "INSERT INTO attempts (task_id, number, worker_id, started_at, finished_at, outcome, "
-    "error) VALUES (?, ?, ?, ?, ?, ?, ?)"
+    "INSERT INTO attempts (task_seq, task_id, number, worker_id, started_at, finished_at, "
+    "outcome, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _SETTLE_ALIASES: Final = (
     "UPDATE tasks SET status = ?, result = ?, error = ?, cancel_reason = ?, "
@@ -191,7 +191,8 @@ _SETTLE_ALIASES: Final = (
 _RENEW: Final = f"UPDATE tasks SET lease_expires_at = ?{_FENCE} RETURNING id, cancel_reason"
 _ATTEMPTS: Final = (
     "SELECT task_id, number, worker_id, started_at, finished_at, outcome, error "
-    "FROM attempts WHERE task_id = ? ORDER BY id"
+    "FROM attempts WHERE task_seq = (SELECT seq FROM tasks WHERE id = ?1) "
+    "AND task_id = ?1 ORDER BY id"
 )
 _CLAIMABLE: Final = "status = 'pending' AND alias_of IS NULL"
 
@@ -271,7 +272,7 @@ def _progress_sql(with_progress: bool, with_data: bool) -> str:
 _PROGRESS_SQL: Final = {(p, d): _progress_sql(p, d) for p in (False, True) for d in (False, True)}
 
 _RESCUE_SELECT: Final = (
-    "SELECT id, worker_id, attempts, max_retries, started_at, cancel_reason FROM tasks "
+    "SELECT seq, id, worker_id, attempts, max_retries, started_at, cancel_reason FROM tasks "
     "WHERE status = 'running' AND lease_expires_at <= ? ORDER BY lease_expires_at LIMIT ?"
 )
 _RESCUE_CANCELLED: Final = (
@@ -1042,7 +1043,7 @@ def _finish(conn: sqlite3.Connection, finishes: Sequence[Finish]) -> list[Task |
             lease = finish.lease
             log.append(
                 (
-                    lease.task_id, lease.attempt, lease.worker_id, _us(finish.started_at),
+                    row[_SEQ], lease.task_id, lease.attempt, lease.worker_id, _us(finish.started_at),
                     _us(finish.finished_at), outcome,
                     None if outcome == "completed" else finish.error,
                 )
@@ -1091,7 +1092,7 @@ def _rescue(conn: sqlite3.Connection, limit: int) -> list[Task]:
     rescued: list[Task] = []
     log: list[Row] = []
     lost = AttemptOutcome.LOST.value
-    for task_id, worker_id, attempts, max_retries, started_at, reason in expired:
+    for seq, task_id, worker_id, attempts, max_retries, started_at, reason in expired:
         if reason is not None and _REASON[reason].terminal:
             row = conn.execute(_RESCUE_CANCELLED, (now, now, task_id)).fetchone()
         elif reason is not None:
@@ -1104,7 +1105,7 @@ def _rescue(conn: sqlite3.Connection, limit: int) -> list[Task]:
             _settle_aliases(conn, row, now)
         log.append(
             (
-                task_id, attempts, worker_id or "",
+                seq, task_id, attempts, worker_id or "",
                 now if started_at is None else started_at, now, lost, "lease expired",
             )
         )  # fmt: skip
@@ -1216,6 +1217,6 @@ def _cleanup(
     where = f"finished_at < ? AND status IN ({marks})"
     params = [cutoff, *(s.value for s in statuses)]
     conn.execute(
-        f"DELETE FROM attempts WHERE task_id IN (SELECT id FROM tasks WHERE {where})", params
+        f"DELETE FROM attempts WHERE task_seq IN (SELECT seq FROM tasks WHERE {where})", params
     )
     return conn.execute(f"DELETE FROM tasks WHERE {where}", params).rowcount

@@ -77,9 +77,13 @@ CREATE UNIQUE INDEX IF NOT EXISTS tasks_dedupe_leader
     ON tasks (ifnull(app_id, x''), task_type, dedupe_key)
     WHERE dedupe_key IS NOT NULL AND alias_of IS NULL AND status IN ('pending', 'running');
 
--- The execution log: one row per finished attempt, read in id order.
+-- The execution log: one row per finished attempt, read in id order. Rows are found by
+-- task_seq (the task's rowid) rather than by the random UUID: attempts are written in
+-- roughly task-creation order, so this index grows at its end instead of dirtying a
+-- random page per row.
 CREATE TABLE IF NOT EXISTS attempts (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_seq    INTEGER NOT NULL,
     task_id     TEXT    NOT NULL,
     number      INTEGER NOT NULL,
     worker_id   TEXT    NOT NULL,
@@ -91,4 +95,4 @@ CREATE TABLE IF NOT EXISTS attempts (
     error       TEXT
 );
 
-CREATE INDEX IF NOT EXISTS attempts_task ON attempts (task_id);
+CREATE INDEX IF NOT EXISTS attempts_task ON attempts (task_seq);
