@@ -261,3 +261,51 @@ class ProgressSummary:
     def pct(self) -> float:
         """Percentage of the selection that is terminal (100 for an empty selection)."""
         return 100.0 if self.total == 0 else 100.0 * self.finished / self.total
+
+
+@attrs.frozen
+class SuspensionScope:
+    """What a suspension covers: every task (both None), one task type, one app, or one
+    task type of one app."""
+
+    task_type: str | None = None
+    app_id: str | None = None
+
+    def covers(self, task: Task) -> bool:
+        """True when ``task`` falls under this suspension."""
+        return (self.task_type is None or task.task_type == self.task_type) and (
+            self.app_id is None or task.app_id == self.app_id
+        )
+
+
+class EventKind(enum.Enum):
+    """What happened to a task."""
+
+    ENQUEUED = "enqueued"
+    STARTED = "started"
+    PROGRESS = "progress"
+    RETRYING = "retrying"
+    """An attempt failed and the task waits for its next one."""
+    REQUEUED = "requeued"
+    """Back to PENDING without spending an attempt (shutdown, suspension) or rescued."""
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    CANCEL_REQUESTED = "cancel_requested"
+    """A running task was asked to stop (suspension); its worker will requeue it."""
+
+
+@attrs.frozen
+class TaskEvent:
+    """One change to one task, as delivered by ``Taskmill.events``.
+
+    ``task`` is the task's snapshot when the event is read, which may already reflect
+    later changes; ``status`` is the status the change produced.
+    """
+
+    kind: EventKind
+    task: Task
+    status: TaskStatus
+    at: datetime = attrs.field(validator=_utc)
+    cursor: int = 0
+    """Position in the store's event log (increasing per store)."""
