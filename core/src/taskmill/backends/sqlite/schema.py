@@ -118,9 +118,7 @@ def stored_version(conn: sqlite3.Connection, path: str) -> int | None:
         return 0
     if META_TABLE not in tables:
         return None
-    row = conn.execute(
-        f"SELECT value FROM {META_TABLE} WHERE key = ?", (VERSION_KEY,)
-    ).fetchone()
+    row = conn.execute(f"SELECT value FROM {META_TABLE} WHERE key = ?", (VERSION_KEY,)).fetchone()
     if row is None:
         return 0
     try:
@@ -151,9 +149,7 @@ def newer_version_error(path: str, stored: int, expected: int) -> SchemaVersionE
     )
 
 
-def older_version_error(
-    path: str, url: str, stored: int, expected: int
-) -> SchemaVersionError:
+def older_version_error(path: str, url: str, stored: int, expected: int) -> SchemaVersionError:
     """The error for a database that needs migrating."""
     return SchemaVersionError(
         f"the database {path} has taskmill schema version {stored} but this taskmill "

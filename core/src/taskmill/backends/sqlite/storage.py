@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import sqlite3
 import time
@@ -49,7 +50,7 @@ from taskmill.model import (
     TaskFilter,
     TaskStatus,
 )
-from taskmill.serialization import dumps, loads
+from taskmill.serialization import dumps
 from taskmill.storage import (
     ClaimRequest,
     Finish,
@@ -77,8 +78,7 @@ VALID_OPTIONS: Final = {
     "synchronous": "SQLite synchronous mode: OFF, NORMAL (default), FULL or EXTRA",
 }
 URL_FORM: Final = (
-    "sqlite:///relative/path.db (relative to the current directory) or "
-    "sqlite:////absolute/path.db"
+    "sqlite:///relative/path.db (relative to the current directory) or sqlite:////absolute/path.db"
 )
 _SQLITE_HEADER: Final = b"SQLite format 3\x00"
 
@@ -91,6 +91,11 @@ _STATUS: Final = {s.value: s for s in TaskStatus}
 _REASON: Final = {r.value: r for r in CancelReason}
 _OUTCOME: Final = {o.value: o for o in AttemptOutcome}
 _TERMINAL_VALUES: Final = frozenset({"completed", "failed", "cancelled"})
+
+
+loads: Final = json.JSONDecoder().decode
+"""json.loads without its wrapper: the stored JSON text was written by
+:func:`taskmill.serialization.dumps`."""
 
 
 def _now_us() -> int:
@@ -141,7 +146,7 @@ def _task(r: Row) -> Task:
         priority=r[10],
         attempts=r[11],
         max_retries=r[12],
-        result=None if result is None else loads(result),
+        result=None if result is None or result == "null" else loads(result),
         error=r[14],
         progress=(
             NO_PROGRESS
@@ -211,8 +216,7 @@ _FINISH_SETS: Final = {
         "status = 'pending', attempts = attempts - 1, run_at = ?1, cancel_reason = NULL"
     ),
     FinishKind.CANCEL: (
-        "status = 'cancelled', finished_at = ?1, cancel_reason = v.column7, "
-        "error = v.column6"
+        "status = 'cancelled', finished_at = ?1, cancel_reason = v.column7, error = v.column6"
     ),
 }
 _FINISH_COMMON: Final = (
@@ -460,9 +464,7 @@ def _parse_url(url: str) -> tuple[str, dict[str, str]]:
     rest, _, query = rest.partition("?")
     if not rest.startswith("/"):
         if rest:
-            raise InvalidURL(
-                f"a sqlite URL has no host part, got {url!r}; expected {URL_FORM}"
-            )
+            raise InvalidURL(f"a sqlite URL has no host part, got {url!r}; expected {URL_FORM}")
         raise InvalidURL(f"the sqlite URL {url!r} names no database file; expected {URL_FORM}")
     path = unquote(rest[1:])
     if not path:
@@ -552,8 +554,10 @@ class SQLiteStorage(TaskStorage):
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskmill-sqlite")
         try:
             loop = asyncio.get_running_loop()
-            self._conn = await loop.run_in_executor(executor, self._open_sync, auto_migrate)
+            await loop.run_in_executor(executor, self._open_sync, auto_migrate)
         except BaseException:
+            # Also when open() itself was cancelled: the thread closes what it opened.
+            executor.submit(self._close_sync)
             executor.shutdown(wait=False)
             raise
         self._executor = executor
@@ -653,14 +657,14 @@ class SQLiteStorage(TaskStorage):
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute(f"PRAGMA synchronous = {self.synchronous}")
 
-    def _open_sync(self, auto_migrate: bool) -> sqlite3.Connection:
+    def _open_sync(self, auto_migrate: bool) -> None:
         conn = self._connect()
         try:
             self._check_schema(conn, auto_migrate)
         except BaseException:
             conn.close()
             raise
-        return conn
+        self._conn = conn
 
     def _check_schema(self, conn: sqlite3.Connection, auto_migrate: bool) -> None:
         path = self.path
@@ -720,9 +724,7 @@ class SQLiteStorage(TaskStorage):
             raise StorageUnavailable(
                 f"the SQLite storage {self.url} is not open; await storage.open() first"
             )
-        return await asyncio.get_running_loop().run_in_executor(
-            executor, self._guarded, fn, args
-        )
+        return await asyncio.get_running_loop().run_in_executor(executor, self._guarded, fn, args)
 
     def _guarded(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         try:
@@ -860,9 +862,7 @@ class SQLiteStorage(TaskStorage):
         self,
         older_than: timedelta,
         *,
-        statuses: frozenset[TaskStatus] = frozenset(
-            {TaskStatus.COMPLETED, TaskStatus.CANCELLED}
-        ),
+        statuses: frozenset[TaskStatus] = frozenset({TaskStatus.COMPLETED, TaskStatus.CANCELLED}),
     ) -> int:
         """Delete terminal tasks in ``statuses`` that finished more than ``older_than``
         ago, with their execution logs, in one transaction.
@@ -1026,9 +1026,7 @@ def _finish(conn: sqlite3.Connection, finishes: Sequence[Finish]) -> list[Task |
                     released.append(index)
         if released:
             # Still held, but a cancel (suspension, shutdown) was requested: release.
-            rows = _apply_finishes(
-                conn, now, FinishKind.RELEASE, [values[i] for i in released]
-            )
+            rows = _apply_finishes(conn, now, FinishKind.RELEASE, [values[i] for i in released])
             for index in released:
                 row = rows.get(finishes[index].lease.task_id)
                 if row is not None:
@@ -1043,8 +1041,8 @@ def _finish(conn: sqlite3.Connection, finishes: Sequence[Finish]) -> list[Task |
             lease = finish.lease
             log.append(
                 (
-                    row[_SEQ], lease.task_id, lease.attempt, lease.worker_id, _us(finish.started_at),
-                    _us(finish.finished_at), outcome,
+                    row[_SEQ], lease.task_id, lease.attempt, lease.worker_id,
+                    _us(finish.started_at), _us(finish.finished_at), outcome,
                     None if outcome == "completed" else finish.error,
                 )
             )  # fmt: skip
@@ -1208,9 +1206,7 @@ def _next_run_at(conn: sqlite3.Connection, handlers: Sequence[HandlerKey]) -> da
     return None if best is None else _dt(best)
 
 
-def _cleanup(
-    conn: sqlite3.Connection, args: tuple[timedelta, frozenset[TaskStatus]]
-) -> int:
+def _cleanup(conn: sqlite3.Connection, args: tuple[timedelta, frozenset[TaskStatus]]) -> int:
     older_than, statuses = args
     cutoff = _now_us() - older_than // _ONE_US
     marks = ", ".join("?" * len(statuses))

@@ -1,0 +1,387 @@
+"""The SQLite backend's versioned schema: creation, migration, and refusing what is not
+ours or not our version, without ever damaging what is stored."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from taskmill.backends.sqlite import SQLiteStorage, latest_version
+from taskmill.backends.sqlite.schema import migrations, split_statements
+from taskmill.errors import SchemaVersionError, StorageUnavailable
+from taskmill.model import TaskFilter
+from taskmill.testing import new_task
+
+
+def url_of(path: Path) -> str:
+    return f"sqlite:///{path}"
+
+
+def schema_of(path: Path) -> list[tuple[str, str, str, str | None]]:
+    """Everything sqlite_master describes, except where pages happen to live."""
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute(
+            "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name"
+        ).fetchall()
+    return [tuple(row) for row in rows]
+
+
+def stored_version(path: Path) -> str:
+    with sqlite3.connect(path) as conn:
+        (value,) = conn.execute(
+            "SELECT value FROM taskmill_meta WHERE key = 'schema_version'"
+        ).fetchone()
+    return str(value)
+
+
+def set_version(path: Path, version: int) -> None:
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute(
+            "UPDATE taskmill_meta SET value = ? WHERE key = 'schema_version'", (str(version),)
+        )
+    conn.close()
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def siblings(path: Path) -> set[str]:
+    return {p.name for p in path.parent.iterdir()}
+
+
+async def make_store(path: Path, n: int = 3) -> list[tuple[str, dict]]:
+    """A taskmill database at ``path`` holding ``n`` tasks; their (id, params)."""
+    store = SQLiteStorage.from_url(url_of(path))
+    await store.open()
+    tasks = await store.enqueue([new_task(params={"i": i}) for i in range(n)])
+    await store.close()
+    return [(t.id, t.params) for t in tasks]
+
+
+async def read_back(path: Path) -> list[tuple[str, dict]]:
+    store = SQLiteStorage.from_url(url_of(path))
+    await store.open()
+    try:
+        return [(t.id, t.params) for t in await store.query(TaskFilter(), limit=10_000)]
+    finally:
+        await store.close()
+
+
+# -- the migrations themselves ------------------------------------------------------------
+
+
+def test_migrations_are_numbered_from_one_without_gaps():
+    found = migrations()
+    assert [m.version for m in found] == list(range(1, len(found) + 1))
+    assert latest_version() == found[-1].version >= 1
+    assert found[0].name == "0001_initial.sql"
+    assert all(m.statements() for m in found)
+
+
+def test_statements_are_split_on_real_semicolons_only():
+    script = """
+    -- a comment; with a semicolon
+    CREATE TABLE a (x TEXT DEFAULT 'semi;colon');
+    CREATE TRIGGER t AFTER INSERT ON a BEGIN
+        UPDATE a SET x = 'y;z'; DELETE FROM a WHERE 0;
+    END;
+    /* block; comment */
+    """
+    statements = split_statements(script)
+    assert len(statements) == 3
+    assert "'semi;colon'" in statements[0]
+    assert statements[1].startswith("CREATE TRIGGER") and statements[1].endswith("END;")
+    conn = sqlite3.connect(":memory:")
+    for statement in statements:
+        conn.execute(statement)
+
+
+async def test_a_fresh_database_equals_all_migrations_applied_in_order(tmp_path: Path):
+    fresh = tmp_path / "fresh.db"
+    store = SQLiteStorage.from_url(url_of(fresh))
+    await store.open()
+    await store.close()
+
+    stepwise = tmp_path / "stepwise.db"
+    conn = sqlite3.connect(stepwise, isolation_level=None)
+    for migration in migrations():
+        conn.execute("BEGIN")
+        for statement in migration.statements():
+            conn.execute(statement)
+        conn.execute(
+            "INSERT INTO taskmill_meta (key, value) VALUES ('schema_version', ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (str(migration.version),),
+        )
+        conn.execute("COMMIT")
+    conn.close()
+
+    assert schema_of(fresh) == schema_of(stepwise)
+    assert stored_version(fresh) == stored_version(stepwise) == str(latest_version())
+    names = {row[1] for row in schema_of(fresh)}
+    assert {"tasks", "attempts", "taskmill_meta"} <= names
+    assert {
+        "tasks_claim",
+        "tasks_lease",
+        "tasks_finished",
+        "tasks_parent",
+        "tasks_dedupe_leader",
+    } <= names
+
+
+async def test_migrate_is_idempotent_and_keeps_tasks(tmp_path: Path):
+    path = tmp_path / "t.db"
+    stored = await make_store(path)
+    before = schema_of(path)
+    store = SQLiteStorage.from_url(url_of(path))
+    assert await store.migrate() == latest_version()  # on a closed store
+    await store.open()
+    assert await store.migrate() == latest_version()  # and on an open one
+    assert await store.migrate() == latest_version()
+    await store.close()
+    assert schema_of(path) == before
+    assert await read_back(path) == stored
+
+
+async def test_migrate_creates_a_missing_database(tmp_path: Path):
+    path = tmp_path / "new.db"
+    assert await SQLiteStorage.from_url(url_of(path)).migrate() == latest_version()
+    assert stored_version(path) == str(latest_version())
+
+
+async def test_the_schema_version_is_stored(tmp_path: Path):
+    path = tmp_path / "t.db"
+    await make_store(path, 0)
+    assert stored_version(path) == str(latest_version())
+
+
+# -- version mismatches ---------------------------------------------------------------------
+
+
+async def test_an_older_schema_is_refused_with_the_migrate_command(tmp_path: Path):
+    path = tmp_path / "old.db"
+    stored = await make_store(path)
+    set_version(path, 0)
+    before = digest(path)
+    url = url_of(path)
+    store = SQLiteStorage.from_url(url)
+    with pytest.raises(SchemaVersionError) as excinfo:
+        await store.open()
+    message = str(excinfo.value)
+    assert f"taskmill migrate --url {url}" in message
+    assert "version 0" in message and f"version {latest_version()}" in message
+    assert digest(path) == before, "a refused open must not write"
+    with pytest.raises(StorageUnavailable, match="not open"):
+        await store.get(stored[0][0])
+    set_version(path, latest_version())
+    assert await read_back(path) == stored
+
+
+async def test_auto_migrate_and_migrate_bring_an_older_schema_up(tmp_path: Path):
+    path = tmp_path / "old.db"
+    stored = await make_store(path)
+    set_version(path, 0)
+    store = SQLiteStorage.from_url(url_of(path))
+    await store.open(auto_migrate=True)
+    assert [(t.id, t.params) for t in await store.query(TaskFilter())] == stored
+    await store.close()
+    assert stored_version(path) == str(latest_version())
+
+    set_version(path, 0)
+    assert await SQLiteStorage.from_url(url_of(path)).migrate() == latest_version()
+    assert await read_back(path) == stored
+
+
+async def test_a_newer_schema_is_refused_with_upgrade_advice(tmp_path: Path):
+    path = tmp_path / "new.db"
+    stored = await make_store(path)
+    newer = latest_version() + 1
+    set_version(path, newer)
+    before = digest(path)
+    store = SQLiteStorage.from_url(url_of(path))
+    with pytest.raises(SchemaVersionError, match="upgrade taskmill") as excinfo:
+        await store.open()
+    assert f"version {newer}" in str(excinfo.value)
+    with pytest.raises(SchemaVersionError, match="upgrade taskmill"):
+        await store.open(auto_migrate=True)
+    with pytest.raises(SchemaVersionError, match="upgrade taskmill"):
+        await store.migrate()
+    assert digest(path) == before
+    set_version(path, latest_version())
+    assert await read_back(path) == stored
+
+
+# -- files that are not ours ------------------------------------------------------------------
+
+
+@pytest.fixture
+def not_a_database(tmp_path: Path) -> Path:
+    path = tmp_path / "notes.db"
+    path.write_bytes(b"these are my notes, not a database\n" * 200)
+    return path
+
+
+async def test_a_file_that_is_not_a_database_is_left_untouched(not_a_database: Path):
+    before = digest(not_a_database)
+    listing = siblings(not_a_database)
+    store = SQLiteStorage.from_url(url_of(not_a_database))
+    with pytest.raises(StorageUnavailable, match="not a SQLite database"):
+        await store.open()
+    with pytest.raises(StorageUnavailable, match="not a SQLite database"):
+        await store.open(auto_migrate=True)
+    with pytest.raises(StorageUnavailable, match="not a SQLite database"):
+        await store.migrate()
+    assert digest(not_a_database) == before
+    assert siblings(not_a_database) == listing  # no -wal, -shm or journal files either
+
+
+async def test_a_damaged_file_with_a_sqlite_header_is_left_untouched(tmp_path: Path):
+    path = tmp_path / "damaged.db"
+    path.write_bytes(b"SQLite format 3\x00" + b"\xff" * 4000)
+    before = digest(path)
+    with pytest.raises(StorageUnavailable, match=str(path)):
+        await SQLiteStorage.from_url(url_of(path)).open()
+    assert digest(path) == before
+
+
+async def test_another_applications_sqlite_database_is_left_untouched(tmp_path: Path):
+    path = tmp_path / "app.db"
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("CREATE TABLE users (name TEXT)")
+        conn.execute("INSERT INTO users VALUES ('alice')")
+    conn.close()
+    before = digest(path)
+    listing = siblings(path)
+    store = SQLiteStorage.from_url(url_of(path))
+    for attempt in (store.open(), store.open(auto_migrate=True), store.migrate()):
+        with pytest.raises(StorageUnavailable, match="not a taskmill one") as excinfo:
+            await attempt
+        assert "users" in str(excinfo.value)
+    assert digest(path) == before
+    assert siblings(path) == listing
+
+
+async def test_a_missing_directory_is_unavailable_and_not_created(tmp_path: Path):
+    path = tmp_path / "missing" / "dir" / "tasks.db"
+    store = SQLiteStorage.from_url(url_of(path))
+    with pytest.raises(StorageUnavailable, match="does not exist"):
+        await store.open()
+    with pytest.raises(StorageUnavailable, match="does not exist"):
+        await store.migrate()
+    assert not (tmp_path / "missing").exists()
+
+
+async def test_a_directory_in_place_of_the_file_is_unavailable(tmp_path: Path):
+    (tmp_path / "tasks.db").mkdir()
+    with pytest.raises(StorageUnavailable, match="not a regular file"):
+        await SQLiteStorage.from_url(url_of(tmp_path / "tasks.db")).open()
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root ignores permissions"
+)
+async def test_a_read_only_directory_is_unavailable(tmp_path: Path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        with pytest.raises(StorageUnavailable, match="not writable"):
+            await SQLiteStorage.from_url(url_of(locked / "tasks.db")).open()
+        assert list(locked.iterdir()) == []
+    finally:
+        locked.chmod(0o700)
+
+
+async def test_a_directory_reported_unwritable_is_unavailable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The same check as above, runnable as root: the permission test is os.access."""
+    real_access = os.access
+
+    def access(path: str | os.PathLike[str], mode: int, **kwargs: object) -> bool:
+        if os.fspath(path) == str(tmp_path) and mode & os.W_OK:
+            return False
+        return real_access(path, mode)
+
+    monkeypatch.setattr(os, "access", access)
+    with pytest.raises(StorageUnavailable, match="not writable"):
+        await SQLiteStorage.from_url(url_of(tmp_path / "tasks.db")).open()
+    assert not (tmp_path / "tasks.db").exists()
+
+
+async def test_an_empty_file_becomes_a_taskmill_database(tmp_path: Path):
+    path = tmp_path / "empty.db"
+    path.touch()
+    assert await make_store(path, 1)
+    assert stored_version(path) == str(latest_version())
+
+
+# -- several processes ------------------------------------------------------------------------
+
+_MIGRATOR = """
+import asyncio, sys, time
+from taskmill.backends.sqlite import SQLiteStorage
+
+async def main():
+    store = SQLiteStorage.from_url(sys.argv[1])
+    sys.stdout.write("ready\\n"); sys.stdout.flush()
+    sys.stdin.readline()
+    if sys.argv[2] == "migrate":
+        print(await store.migrate())
+    else:
+        await store.open()
+        await store.close()
+        print("opened")
+
+asyncio.run(main())
+"""
+
+
+def _race(url: str, actions: list[str]) -> list[str]:
+    """Run ``actions`` in separate processes released at the same moment."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _MIGRATOR, url, action],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for action in actions
+    ]
+    try:
+        for proc in procs:  # all imported and waiting before any starts
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        results = [proc.communicate(timeout=120) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for proc, (_, err) in zip(procs, results, strict=True):
+        assert proc.returncode == 0, err
+    return [out.strip() for out, _ in results]
+
+
+@pytest.mark.slow
+async def test_concurrent_migrations_of_one_fresh_file_both_succeed(tmp_path: Path):
+    path = tmp_path / "race.db"
+    outputs = _race(url_of(path), ["migrate", "migrate", "open", "open"])
+    assert outputs == [str(latest_version())] * 2 + ["opened"] * 2
+    assert stored_version(path) == str(latest_version())
+    reference = tmp_path / "reference.db"
+    await make_store(reference, 0)
+    assert schema_of(path) == schema_of(reference)
+    assert await read_back(path) == []
