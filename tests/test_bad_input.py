@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 import sqlite3
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from taskmill import (
     BackendNotInstalled,
     InvalidParams,
+    InvalidTaskSpec,
     InvalidURL,
     SchemaVersionError,
     TaskFilter,
@@ -127,3 +128,22 @@ async def test_a_schema_version_mismatch_is_refused_and_tasks_stay_intact(
     async with Taskmill(url, plugins=False) as tm:
         again = await tm.query()
     assert [(t.id, t.params) for t in again] == [(t.id, t.params) for t in stored]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"delay": 1, "run_at": datetime(2030, 1, 1, tzinfo=UTC)}, "not both"),
+        ({"run_at": datetime(2030, 1, 1)}, "timezone-aware"),
+        ({"max_retries": -1}, "max_retries must be >= 0"),
+        ({"priority": "high"}, "priority must be an int"),
+    ],
+)
+async def test_inconsistent_task_options_are_refused(tm: Taskmill, kwargs: dict, message: str):
+    await tm.enqueue("keep")
+    before = await _snapshot(tm)
+    with pytest.raises(InvalidTaskSpec, match=message):
+        await tm.enqueue("t", **kwargs)
+    with pytest.raises(InvalidTaskSpec):
+        await tm.enqueue("", {})
+    assert await _snapshot(tm) == before

@@ -13,6 +13,7 @@ from taskmill import (
     Context,
     Fail,
     HandlerConflict,
+    InvalidTaskSpec,
     InvalidTransition,
     Priority,
     Retry,
@@ -500,7 +501,7 @@ async def test_enqueue_many_accepts_dicts_and_specs_in_one_call(tm: Taskmill):
         ]
     )
     assert [(t.task_type, t.priority) for t in tasks] == [("a", 1000), ("b", 100)]
-    with pytest.raises(TypeError, match="unknown task spec field"):
+    with pytest.raises(InvalidTaskSpec, match="unknown task spec field"):
         await tm.enqueue_many([{"task_type": "a", "colour": "red"}])
 
 
@@ -515,3 +516,86 @@ async def test_cleanup_removes_finished_tasks(tm: Taskmill):
     await asyncio.sleep(0.01)
     assert await tm.cleanup(timedelta(0)) == 3
     assert [t.id for t in await tm.query()] == [keep.id]
+
+
+async def test_an_app_handlers_cap_holds_when_a_host_handler_exists(tm: Taskmill):
+    active = 0
+    peak = 0
+
+    @tm.handler("t")
+    async def host(ctx: Context, params: dict) -> None:
+        return None
+
+    @tm.handler("t", app_id="a", concurrency=1)
+    async def app_handler(ctx: Context, params: dict) -> None:
+        nonlocal active, peak
+        active += 1
+        peak = max(peak, active)
+        await asyncio.sleep(0.02)
+        active -= 1
+
+    await tm.enqueue_many([{"task_type": "t", "app_id": "a"}] * 6)
+    await drain(tm, concurrency=6)
+    assert peak == 1
+    assert (await tm.progress_summary()).completed == 6
+
+
+async def test_a_timed_out_sync_handler_does_not_starve_the_next_task(tm: Taskmill):
+    saw_cancel = threading.Event()
+
+    @tm.handler("stuck", timeout=0.1, max_retries=0)
+    def stuck(ctx: Context, params: dict) -> None:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if ctx.cancelled:
+                saw_cancel.set()
+                return
+            time.sleep(0.01)
+
+    @tm.handler("next")
+    def next_task(ctx: Context, params: dict) -> str:
+        return "ran"
+
+    first = await tm.enqueue("stuck", priority=Priority.URGENT)
+    second = await tm.enqueue("next")
+    await drain(tm, concurrency=1)
+    assert (await tm.get(first.id)).status is TaskStatus.FAILED  # type: ignore[union-attr]
+    assert (await tm.get(second.id)).result == "ran"  # type: ignore[union-attr]
+    assert saw_cancel.wait(5), "the timed-out handler saw ctx.cancelled"
+
+
+async def test_a_handler_raising_cancelled_error_itself_does_not_wedge_the_worker(
+    tm: Taskmill,
+):
+    @tm.handler("weird", max_retries=0)
+    async def weird(ctx: Context, params: dict) -> None:
+        raise asyncio.CancelledError
+
+    task = await tm.enqueue("weird")
+    await asyncio.wait_for(drain(tm), 10)
+    done = await tm.get(task.id)
+    assert done is not None and done.status.terminal
+
+
+async def test_an_interrupted_handler_that_raises_another_error_spends_no_attempt(
+    tm: Taskmill,
+):
+    started = asyncio.Event()
+
+    @tm.handler("messy")
+    async def messy(ctx: Context, params: dict) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            raise RuntimeError("cleanup failed") from None
+
+    task = await tm.enqueue("messy")
+    worker = tm.worker(**worker_options())
+    running = asyncio.create_task(worker.run())
+    await asyncio.wait_for(started.wait(), 5)
+    await worker.stop(grace=0.05)
+    await asyncio.wait_for(running, 5)
+    back = await tm.get(task.id)
+    assert back is not None and back.status is TaskStatus.PENDING
+    assert back.attempts == 0

@@ -12,7 +12,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from taskmill.discovery import resolve_url, storage_for_url
-from taskmill.errors import TaskmillError, TaskNotFound, WaitTimeout
+from taskmill.errors import InvalidTaskSpec, TaskmillError, TaskNotFound, WaitTimeout
 from taskmill.model import (
     Attempt,
     Priority,
@@ -164,7 +164,7 @@ class Taskmill:
         params = {} if spec.params is None else spec.params
         params_json = encode_params(params, max_bytes=self.max_params_bytes)
         if spec.run_at is not None and spec.delay is not None:
-            raise ValueError("give run_at or delay, not both")
+            raise InvalidTaskSpec("give run_at or delay, not both")
         run_at = spec.run_at
         if spec.delay is not None:
             delay = (
@@ -178,11 +178,11 @@ class Taskmill:
         if max_retries is None:
             max_retries = self.default_max_retries
         if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+            raise InvalidTaskSpec(f"max_retries must be >= 0, got {max_retries}")
         if not isinstance(spec.priority, int):
-            raise TypeError(f"priority must be an int, got {spec.priority!r}")
+            raise InvalidTaskSpec(f"priority must be an int, got {spec.priority!r}")
         if not spec.task_type or not isinstance(spec.task_type, str):
-            raise ValueError("task_type must be a non-empty string")
+            raise InvalidTaskSpec("task_type must be a non-empty string")
         return NewTask(
             id=str(uuid.uuid4()),
             task_type=spec.task_type,
@@ -218,18 +218,21 @@ class Taskmill:
 
         :raises InvalidParams: params is not a JSON object or is too large.
         """
-        spec = TaskSpec(
-            task_type=task_type,
-            params=params,
-            app_id=app_id,
-            priority=priority,
-            dedupe_key=dedupe_key,
-            run_at=run_at,
-            delay=delay,
-            parent_id=parent_id,
-            max_retries=max_retries,
-            user_id=user_id,
-        )
+        try:
+            spec = TaskSpec(
+                task_type=task_type,
+                params=params,
+                app_id=app_id,
+                priority=priority,
+                dedupe_key=dedupe_key,
+                run_at=run_at,
+                delay=delay,
+                parent_id=parent_id,
+                max_retries=max_retries,
+                user_id=user_id,
+            )
+        except ValueError as exc:
+            raise InvalidTaskSpec(str(exc)) from None
         (task,) = await self._enqueue_specs([spec])
         return task
 

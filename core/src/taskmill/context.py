@@ -46,6 +46,7 @@ class Context:
         self._progress_dirty = False
         self._data_dirty = False
         self._cancel_reason: CancelReason | None = None
+        self._timed_out = False
         self._on_cancel = on_cancel
 
     @property
@@ -55,8 +56,9 @@ class Context:
 
     @property
     def cancelled(self) -> bool:
-        """True once the task has been asked to stop (cancel, suspension, shutdown)."""
-        return self._cancel_reason is not None
+        """True once the task has been asked to stop (cancel, suspension, shutdown, or
+        its handler's timeout passed)."""
+        return self._cancel_reason is not None or self._timed_out
 
     @property
     def cancel_reason(self) -> CancelReason | None:
@@ -73,6 +75,8 @@ class Context:
         reason = self._cancel_reason
         if reason is not None:
             raise Cancelled(f"task {self._task.id} was cancelled ({reason.value})")
+        if self._timed_out:
+            raise Cancelled(f"task {self._task.id} ran past its timeout")
 
     def progress(
         self, done: float, total: float | None = None, message: str | None = None
@@ -119,6 +123,10 @@ class Context:
             self._cancel_reason = reason
             if self._on_cancel is not None:
                 self._on_cancel()
+
+    def _expire(self) -> None:
+        """The handler ran past its timeout (a sync handler's thread keeps running)."""
+        self._timed_out = True
 
     def _take_changes(self) -> tuple[Progress | None, dict[str, JSON] | None]:
         """What changed since the last call (for a coalesced write)."""

@@ -38,6 +38,10 @@ class InvalidParams(TaskmillError):
     """Task parameters must be a JSON object of at most the configured size."""
 
 
+class InvalidTaskSpec(TaskmillError, ValueError):
+    """A task's options are inconsistent or out of range (see the message)."""
+
+
 class TaskNotFound(TaskmillError):
     """No task with that id exists (or it belongs to another app)."""
 

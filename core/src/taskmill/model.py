@@ -14,6 +14,8 @@ from typing import Any, TypeAlias
 
 import attrs
 
+from taskmill.errors import InvalidTaskSpec
+
 JSON: TypeAlias = Any
 """A JSON value: dict, list, str, int, float, bool or None."""
 
@@ -232,13 +234,18 @@ class TaskSpec:
         if isinstance(value, TaskSpec):
             return value
         if not isinstance(value, Mapping):
-            raise TypeError(f"a task spec is a TaskSpec or a dict, not {type(value).__name__}")
+            raise InvalidTaskSpec(
+                f"a task spec is a TaskSpec or a dict, not {type(value).__name__}"
+            )
         unknown = set(value) - set(attrs.fields_dict(cls))
         if unknown:
-            raise TypeError(f"unknown task spec field(s): {', '.join(sorted(unknown))}")
+            raise InvalidTaskSpec(f"unknown task spec field(s): {', '.join(sorted(unknown))}")
         if "task_type" not in value:
-            raise TypeError("a task spec needs a 'task_type'")
-        return cls(**value)
+            raise InvalidTaskSpec("a task spec needs a 'task_type'")
+        try:
+            return cls(**value)
+        except (TypeError, ValueError) as exc:
+            raise InvalidTaskSpec(f"invalid task spec: {exc}") from None
 
 
 @attrs.frozen

@@ -11,7 +11,6 @@ other workers' expired leases.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import contextvars
 import functools
@@ -49,6 +48,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("taskmill.worker")
 
+_NULL = dumps(None)
+_FAILURES = frozenset({FinishKind.RETRY, FinishKind.FAIL})
+
 
 @attrs.define(eq=False)
 class _Execution:
@@ -66,6 +68,43 @@ class _Execution:
 
 def _remove_signal_handler(loop: asyncio.AbstractEventLoop, sig: signal.Signals) -> None:
     loop.remove_signal_handler(sig)
+
+
+def _cancel_soon(future: asyncio.Future[None]) -> None:
+    """Cancel a running async handler (from any thread)."""
+    if not future.done():
+        future.get_loop().call_soon_threadsafe(future.cancel)
+
+
+def _run_in_thread(
+    loop: asyncio.AbstractEventLoop, call: Callable[[], Any]
+) -> asyncio.Future[Any]:
+    """Run a sync handler on a thread of its own.
+
+    Not a bounded pool: a handler that overruns its timeout keeps its thread (threads
+    cannot be killed), and must not take a pool thread from the next task with it.
+    Daemon threads, so a hung handler cannot hold the process open at exit.
+    """
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+    def target() -> None:
+        try:
+            result, error = call(), None
+        except BaseException as exc:  # handed to the awaiting coroutine
+            result, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=target, name="taskmill-handler", daemon=True).start()
+    return future
 
 
 def default_worker_id() -> str:
@@ -121,7 +160,9 @@ class Worker:
         self._running: dict[str, _Execution] = {}
         self._running_normal = 0
         self._per_key: dict[HandlerKey, int] = {}
-        self._finishes: list[tuple[Finish, _Execution | None]] = []
+        # Each outcome waits with the claimed snapshot only, so the execution behind it
+        # (context, future, lease) is freed as soon as its handler returns.
+        self._finishes: list[tuple[Finish, Task | None]] = []
         self._finish_ready: asyncio.Event | None = None
         self._flushed: asyncio.Event | None = None
         self._flushing = False
@@ -131,8 +172,8 @@ class Worker:
         self._stopped: asyncio.Event | None = None
         self._active = False
         self._background: list[asyncio.Task[None]] = []
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._last_rescue = 0.0
+        self._flush_deadline: float | None = None
         self._signals = 0
         self.processed = 0
         """Attempts this worker finished (any outcome)."""
@@ -209,15 +250,9 @@ class Worker:
         self._flushed = asyncio.Event()
         self._flushed.set()
         self._stopped = asyncio.Event()
-        if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=self.concurrency, thread_name_prefix="taskmill-handler"
-            )
 
     def _release_resources(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+        self._flush_deadline = None
 
     async def _serve(self, *, until_idle: bool) -> None:
         if self._active:
@@ -291,9 +326,10 @@ class Worker:
             if handler.concurrency is None:
                 handlers[handler.key] = None
             else:
+                # A full handler stays in the request with room 0: left out, its app's
+                # tasks would be claimed through the host handler's key instead.
                 room = handler.concurrency - self._per_key.get(handler.key, 0)
-                if room > 0:
-                    handlers[handler.key] = room
+                handlers[handler.key] = max(0, room)
         return handlers
 
     async def _fill_slots(self) -> tuple[int, bool]:
@@ -310,7 +346,7 @@ class Worker:
             if free <= 0:
                 continue
             handlers = self._claim_handlers()
-            if not handlers:
+            if not any(room is None or room > 0 for room in handlers.values()):
                 return claimed, True
             batch = await self._tm.storage.claim_batch(
                 ClaimRequest(
@@ -349,18 +385,15 @@ class Worker:
             started_at=now,
             high=task.priority >= Priority.USER_ACTION,
         )
-        if handler.is_async:
-            execution.ctx._on_cancel = lambda: self._cancel_async(execution)
         self._running[task.id] = execution
         if not execution.high:
             self._running_normal += 1
         self._per_key[handler.key] = self._per_key.get(handler.key, 0) + 1
-        execution.future = asyncio.create_task(self._execute(execution))
-
-    def _cancel_async(self, execution: _Execution) -> None:
-        future = execution.future
-        if future is not None and not future.done():
-            future.get_loop().call_soon_threadsafe(future.cancel)
+        future = execution.future = asyncio.create_task(self._execute(execution))
+        if handler.is_async:
+            # Bound to the future, not the execution: no reference cycle outlives the
+            # attempt, so a finished execution is freed at once instead of by the GC.
+            execution.ctx._on_cancel = functools.partial(_cancel_soon, future)
 
     def _free_slot(self, execution: _Execution) -> None:
         if self._running.pop(execution.task.id, None) is None:
@@ -387,10 +420,14 @@ class Worker:
         call: Callable[[], Any] = lambda: contextvars.copy_context().run(  # noqa: E731
             handler.func, ctx, params
         )
-        future = loop.run_in_executor(self._executor, call)
+        future = _run_in_thread(loop, call)
         if handler.timeout is None:
             return await future
-        return await asyncio.wait_for(future, handler.timeout)
+        try:
+            return await asyncio.wait_for(future, handler.timeout)
+        except TimeoutError:
+            ctx._expire()  # the thread cannot be killed: tell it to stop
+            raise
 
     async def _execute(self, execution: _Execution) -> None:
         task, ctx = execution.task, execution.ctx
@@ -401,7 +438,7 @@ class Worker:
         try:
             result = await self._call_handler(execution)
             try:
-                result_json = dumps(result)
+                result_json = _NULL if result is None else dumps(result)
             except (TypeError, ValueError) as exc:
                 kind, outcome = FinishKind.FAIL, AttemptOutcome.FAILED
                 error = f"handler result is not JSON-serializable: {exc}"
@@ -413,12 +450,16 @@ class Worker:
             kind, outcome, error = FinishKind.FAIL, AttemptOutcome.FAILED, str(exc)
         except (Cancelled, asyncio.CancelledError) as exc:
             reason = ctx.cancel_reason
-            if reason is None:
-                if isinstance(exc, asyncio.CancelledError):
-                    raise
-                reason = CancelReason.USER
             current = asyncio.current_task()
-            if current is not None and isinstance(exc, asyncio.CancelledError):
+            external = current is not None and current.cancelling() > 0
+            if reason is None and isinstance(exc, asyncio.CancelledError):
+                if external:  # the loop itself is going down: not the task's outcome
+                    self._free_slot(execution)
+                    raise
+                reason = CancelReason.USER  # the handler raised CancelledError itself
+            elif reason is None:
+                reason = CancelReason.USER
+            if external and current is not None:
                 current.uncancel()
             if reason.terminal:
                 kind, outcome = FinishKind.CANCEL, AttemptOutcome.CANCELLED
@@ -434,6 +475,11 @@ class Worker:
                         task.attempts, exc_info=True)
             kind, outcome = FinishKind.RETRY, AttemptOutcome.FAILED
             error = f"{type(exc).__name__}: {exc}"
+        interrupted = ctx.cancel_reason
+        if interrupted is not None and not interrupted.terminal and kind in _FAILURES:
+            # A handler that turned SHUTDOWN/SUSPENDED into another error is still
+            # interrupted: it goes back without spending the attempt.
+            kind, outcome = FinishKind.RELEASE, AttemptOutcome.INTERRUPTED
         if kind is FinishKind.RETRY:
             if task.attempts > task.max_retries:
                 kind = FinishKind.FAIL
@@ -455,13 +501,13 @@ class Worker:
             progress=progress,
         )
         if not execution.abandoned:
-            self._queue_finish(finish, execution)
+            self._queue_finish(finish, task)
         self._free_slot(execution)
 
     # -- writing outcomes ---------------------------------------------------------------
 
-    def _queue_finish(self, finish: Finish, execution: _Execution | None) -> None:
-        self._finishes.append((finish, execution))
+    def _queue_finish(self, finish: Finish, claimed: Task | None) -> None:
+        self._finishes.append((finish, claimed))
         if self._flushed is not None:
             self._flushed.clear()
         if self._finish_ready is not None:
@@ -483,21 +529,27 @@ class Worker:
             try:
                 results = await self._tm.storage.finish_batch([f for f, _ in batch])
             except Exception:
+                self._flushing = False
+                if self._flush_deadline is not None and time.monotonic() > self._flush_deadline:
+                    log.exception(
+                        "giving up on writing %d outcomes at shutdown; their tasks stay "
+                        "RUNNING until their leases expire, then run again",
+                        len(batch),
+                    )
+                    break
                 log.exception("writing %d outcomes failed; retrying in %.2f s",
                               len(batch), delay)
                 self._finishes[:0] = batch
-                self._flushing = False
                 await asyncio.sleep(delay)
                 delay = min(5.0, delay * 2)
                 continue
             self._flushing = False
             self.processed += len(batch)
-            for (finish, execution), stored in zip(batch, results, strict=True):
+            for (finish, claimed), stored in zip(batch, results, strict=True):
                 if stored is None:
                     log.info("task %s: lease lost before its outcome was written; the "
                              "store kept the other writer's state", finish.lease.task_id)
-                await self._tm._after_finish(finish, stored, execution.task if execution
-                                             else None)
+                await self._tm._after_finish(finish, stored, claimed)
         self._flushed.set()
         if self._wake is not None:
             self._wake.set()
@@ -619,9 +671,12 @@ class Worker:
                            outcome=AttemptOutcome.INTERRUPTED,
                            started_at=execution.started_at, finished_at=utcnow(),
                            error="cancelled (shutdown)"),
-                    execution,
+                    execution.task,
                 )
                 self._free_slot(execution)
+        # Outcomes that cannot be written (database down) are retried for a while, then
+        # left to lease expiry: stop() must return.
+        self._flush_deadline = time.monotonic() + min(30.0, max(5.0, self._current_grace()))
         try:
             await self._flush_all()
         finally:

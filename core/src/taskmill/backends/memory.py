@@ -44,8 +44,11 @@ from taskmill.storage import (
 
 _PENDING = TaskStatus.PENDING
 _RUNNING = TaskStatus.RUNNING
+_NO_RESULT = (None, "null")  # most handlers return None: skip parsing it
 QueueKey = tuple[str | None, str]
 _ReadyEntry = tuple[int, int, str]  # (-priority, seq, task id)
+_LogRow = tuple[int, str, datetime, datetime, str, str | None]
+"""An execution-log row: an ``Attempt`` without its task id, its outcome by value."""
 
 
 class MemoryStorage(TaskStorage):
@@ -63,7 +66,7 @@ class MemoryStorage(TaskStorage):
         self._running: set[str] = set()
         self._leaders: dict[tuple[str | None, str, str], str] = {}
         self._aliases: dict[str, list[str]] = {}
-        self._log: dict[str, list[Attempt]] = {}
+        self._log: dict[str, tuple[_LogRow, ...]] = {}
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> Self:
@@ -213,7 +216,12 @@ class MemoryStorage(TaskStorage):
         return task
 
     def _log_attempt(self, attempt: Attempt) -> None:
-        self._log.setdefault(attempt.task_id, []).append(attempt)
+        # Rows of plain values only, so that the garbage collector stops tracking them:
+        # an Attempt object (and a list) kept per task would make every full collection
+        # slower as finished tasks pile up.
+        row = (attempt.number, attempt.worker_id, attempt.started_at, attempt.finished_at,
+               attempt.outcome.value, attempt.error)
+        self._log[attempt.task_id] = (*self._log.get(attempt.task_id, ()), row)
 
     def _settle(
         self,
@@ -278,7 +286,8 @@ class MemoryStorage(TaskStorage):
                 extra["progress"] = finish.progress
             outcome = finish.outcome
             if kind is FinishKind.COMPLETE:
-                result = None if finish.result_json is None else loads(finish.result_json)
+                result_json = finish.result_json
+                result = None if result_json in _NO_RESULT else loads(result_json)
                 task = self._settle(
                     task, TaskStatus.COMPLETED, now_ts, result=result, error=None,
                     cancel_reason=None, **extra,
@@ -457,7 +466,13 @@ class MemoryStorage(TaskStorage):
         )
 
     async def attempts(self, task_id: str) -> list[Attempt]:
-        return list(self._log.get(task_id, ()))
+        return [
+            Attempt(task_id, number, worker_id, started, finished, AttemptOutcome(outcome),
+                    error)
+            for number, worker_id, started, finished, outcome, error in self._log.get(
+                task_id, ()
+            )
+        ]
 
     async def next_run_at(self, handlers: Sequence[HandlerKey]) -> datetime | None:
         keys = set(handlers)

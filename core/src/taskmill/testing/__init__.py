@@ -195,6 +195,16 @@ class StorageContract:
         assert apps.count("a") == 3
         assert apps.count(None) == 1
 
+    async def test_an_app_handler_at_its_cap_does_not_fall_back_to_the_host_handler(
+        self, storage: TaskStorage
+    ) -> None:
+        await storage.enqueue([new_task("t", app_id="a") for _ in range(3)])
+        await storage.enqueue([new_task("t") for _ in range(2)])
+        claimed = await storage.claim_batch(
+            claim("t", ("a", "t"), limit=10, caps={("a", "t"): 0})
+        )
+        assert [t.app_id for t in claimed] == [None, None]
+
     async def test_a_task_is_claimed_by_one_worker_only(self, storage: TaskStorage) -> None:
         await storage.enqueue([new_task() for _ in range(50)])
         batches = await asyncio.gather(
