@@ -278,10 +278,10 @@ class SuspensionScope:
     task_type: str | None = None
     app_id: str | None = None
 
-    def covers(self, task: Task) -> bool:
-        """True when ``task`` falls under this suspension."""
-        return (self.task_type is None or task.task_type == self.task_type) and (
-            self.app_id is None or task.app_id == self.app_id
+    def covers(self, app_id: str | None, task_type: str) -> bool:
+        """True when tasks of ``(app_id, task_type)`` fall under this suspension."""
+        return (self.task_type is None or task_type == self.task_type) and (
+            self.app_id is None or app_id == self.app_id
         )
 
 

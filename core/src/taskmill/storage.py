@@ -28,7 +28,9 @@ from taskmill.model import (
     CancelReason,
     Progress,
     ProgressSummary,
+    SuspensionScope,
     Task,
+    TaskEvent,
     TaskFilter,
     TaskStatus,
 )
@@ -347,3 +349,82 @@ class TaskStorage(abc.ABC):
         :raises ValueError: ``statuses`` includes an active status.
         :returns: how many tasks were deleted.
         """
+
+    # -- control (SPEC 5.6, 5.10, 5.11) ------------------------------------------
+
+    @abc.abstractmethod
+    async def cancel(
+        self,
+        *,
+        task_ids: Sequence[str] | None = None,
+        filter: TaskFilter | None = None,
+        reason: CancelReason = CancelReason.USER,
+        cascade: bool = True,
+    ) -> list[Task]:
+        """Interrupt the active tasks selected by ``task_ids`` and/or ``filter``.
+
+        A terminal ``reason`` (USER, PREEMPTED) makes each selected PENDING or RUNNING
+        task CANCELLED at once, with ``cancel_reason`` and ``finished_at`` set and the
+        lease cleared; a running task's attempt is logged as CANCELLED, and its worker
+        learns of it through :meth:`watch_leases`/:meth:`renew_leases` (the task is no
+        longer held) and cannot overwrite it. A non-terminal reason (SUSPENDED,
+        SHUTDOWN) leaves PENDING tasks alone and records the request on RUNNING ones,
+        whose worker then releases them without spending the attempt.
+
+        When a leader is cancelled its aliases are cancelled with it (they always take
+        their leader's terminal status); cancelling an alias touches only the alias.
+        ``cascade`` extends the selection to the active descendants (``parent_id``) of
+        every selected task. Terminal tasks are never changed. Dedupe keys of cancelled
+        leaders are free again at once.
+
+        :raises ValueError: neither ``task_ids`` nor ``filter`` was given.
+        :returns: every task whose state changed (including cascaded ones and aliases).
+        """
+
+    @abc.abstractmethod
+    async def watch_leases(self, leases: Sequence[Lease]) -> dict[str, CancelReason | None]:
+        """Like :meth:`renew_leases` without extending anything: a cheap read a worker
+        makes often to learn of cancellations and suspensions of its running tasks.
+
+        :returns: for each lease that still holds, the stop request recorded for the
+            task (None when none). A task missing from the result is no longer held.
+        """
+
+    @abc.abstractmethod
+    async def suspend(self, scope: SuspensionScope) -> int:
+        """Store a suspension (idempotent). From then on no task in ``scope`` is
+        claimed, by any worker; running tasks in scope get a SUSPENDED stop request.
+
+        :returns: how many running tasks were asked to stop.
+        """
+
+    @abc.abstractmethod
+    async def resume(self, scope: SuspensionScope) -> bool:
+        """Remove exactly this suspension (not narrower or wider ones).
+
+        :returns: whether it existed.
+        """
+
+    @abc.abstractmethod
+    async def suspensions(self) -> list[SuspensionScope]:
+        """The stored suspensions."""
+
+    @abc.abstractmethod
+    async def read_events(
+        self, after: int | None, *, limit: int = 1000
+    ) -> tuple[list[TaskEvent], int]:
+        """Events recorded after cursor ``after``, oldest first, at most ``limit``.
+
+        Every state change (enqueue, claim, progress, each finish kind, rescue, cancel,
+        stop request, redrive) appends an event in the same transaction as the change,
+        so a reader never sees a change without its event. Cursors increase in commit
+        order. ``after`` None reads nothing and returns the current cursor: the point a
+        new subscriber starts from. Events of tasks deleted since are skipped.
+
+        :returns: the events and the cursor to pass next time.
+        """
+
+    @abc.abstractmethod
+    async def prune_events(self, older_than: timedelta) -> int:
+        """Delete events recorded more than ``older_than`` ago; returns how many."""
+

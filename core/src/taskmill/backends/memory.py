@@ -11,6 +11,7 @@ however many tasks are queued.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
@@ -22,8 +23,11 @@ from taskmill.model import (
     Attempt,
     AttemptOutcome,
     CancelReason,
+    EventKind,
     ProgressSummary,
+    SuspensionScope,
     Task,
+    TaskEvent,
     TaskFilter,
     TaskStatus,
 )
@@ -44,6 +48,11 @@ from taskmill.storage import (
 
 _PENDING = TaskStatus.PENDING
 _RUNNING = TaskStatus.RUNNING
+_TERMINAL_EVENT = {
+    TaskStatus.COMPLETED: EventKind.COMPLETED,
+    TaskStatus.FAILED: EventKind.FAILED,
+    TaskStatus.CANCELLED: EventKind.CANCELLED,
+}
 _NO_RESULT = (None, "null")  # most handlers return None: skip parsing it
 QueueKey = tuple[str | None, str]
 _ReadyEntry = tuple[int, int, str]  # (-priority, seq, task id)
@@ -67,6 +76,15 @@ class MemoryStorage(TaskStorage):
         self._leaders: dict[tuple[str | None, str, str], str] = {}
         self._aliases: dict[str, list[str]] = {}
         self._log: dict[str, tuple[_LogRow, ...]] = {}
+        self._children: dict[str, list[str]] = {}
+        self._suspended: set[SuspensionScope] = set()
+        # (cursor, kind, task id, status, POSIX time): plain tuples, cheap to keep.
+        self._events: list[tuple[int, EventKind, str, TaskStatus, float]] = []
+        self._event_seq = 0
+
+    def _emit(self, kind: EventKind, task: Task, at: float) -> None:
+        self._event_seq += 1
+        self._events.append((self._event_seq, kind, task.id, task.status, at))
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> Self:
@@ -146,6 +164,9 @@ class MemoryStorage(TaskStorage):
                 self._queue(task, now_ts)
             else:
                 self._aliases.setdefault(alias_of, []).append(task.id)
+            if task.parent_id is not None:
+                self._children.setdefault(task.parent_id, []).append(task.id)
+            self._emit(EventKind.ENQUEUED, task, now_ts)
             stored.append(task)
         return stored
 
@@ -163,6 +184,10 @@ class MemoryStorage(TaskStorage):
                 sources[queue_key] = (app_id, task_type)
             elif (None, task_type) in handlers:
                 sources[queue_key] = (None, task_type)
+        if self._suspended:
+            for queue_key in list(sources):
+                if any(scope.covers(*queue_key) for scope in self._suspended):
+                    del sources[queue_key]
         counts: dict[HandlerKey, int] = {}
         claimed: list[Task] = []
         min_priority = request.min_priority
@@ -201,6 +226,7 @@ class MemoryStorage(TaskStorage):
             self._tasks[task.id] = task
             self._running.add(task.id)
             counts[key] = counts.get(key, 0) + 1
+            self._emit(EventKind.STARTED, task, now_ts)
             claimed.append(task)
         return claimed
 
@@ -219,8 +245,14 @@ class MemoryStorage(TaskStorage):
         # Rows of plain values only, so that the garbage collector stops tracking them:
         # an Attempt object (and a list) kept per task would make every full collection
         # slower as finished tasks pile up.
-        row = (attempt.number, attempt.worker_id, attempt.started_at, attempt.finished_at,
-               attempt.outcome.value, attempt.error)
+        row = (
+            attempt.number,
+            attempt.worker_id,
+            attempt.started_at,
+            attempt.finished_at,
+            attempt.outcome.value,
+            attempt.error,
+        )
         self._log[attempt.task_id] = (*self._log.get(attempt.task_id, ()), row)
 
     def _settle(
@@ -231,9 +263,11 @@ class MemoryStorage(TaskStorage):
         *,
         attempts: int | None = None,
         run_at: datetime | None = None,
+        pending_kind: EventKind = EventKind.REQUEUED,
         **changes: Any,
     ) -> Task:
-        """Write a transition out of RUNNING (or PENDING) and follow its consequences."""
+        """Write a transition out of RUNNING (or PENDING) and follow its consequences:
+        requeue, free the dedupe key, settle the aliases, and record the events."""
         now = from_timestamp(now_ts)
         if status.terminal:
             changes["finished_at"] = now
@@ -248,6 +282,8 @@ class MemoryStorage(TaskStorage):
         )
         self._tasks[task.id] = task
         self._running.discard(task.id)
+        kind = pending_kind if status is _PENDING else _TERMINAL_EVENT[status]
+        self._emit(kind, task, now_ts)
         if status is _PENDING:
             self._queue(task, now_ts)
         elif task.dedupe_key is not None:
@@ -257,7 +293,7 @@ class MemoryStorage(TaskStorage):
             for alias_id in self._aliases.pop(task.id, ()):
                 alias = self._tasks.get(alias_id)
                 if alias is not None and alias.status is _PENDING:
-                    self._tasks[alias_id] = alias.evolve(
+                    alias = self._tasks[alias_id] = alias.evolve(
                         status=status,
                         result=task.result,
                         error=task.error,
@@ -265,6 +301,7 @@ class MemoryStorage(TaskStorage):
                         finished_at=now,
                         updated_at=now,
                     )
+                    self._emit(kind, alias, now_ts)
         return task
 
     async def finish_batch(self, finishes: Sequence[Finish]) -> list[Task | None]:
@@ -289,30 +326,45 @@ class MemoryStorage(TaskStorage):
                 result_json = finish.result_json
                 result = None if result_json in _NO_RESULT else loads(result_json)
                 task = self._settle(
-                    task, TaskStatus.COMPLETED, now_ts, result=result, error=None,
-                    cancel_reason=None, **extra,
+                    task,
+                    TaskStatus.COMPLETED,
+                    now_ts,
+                    result=result,
+                    error=None,
+                    cancel_reason=None,
+                    **extra,
                 )
             elif kind is FinishKind.RETRY:
                 task = self._settle(
-                    task, _PENDING, now_ts,
+                    task,
+                    _PENDING,
+                    now_ts,
                     run_at=from_timestamp(now_ts + finish.retry_in),
-                    error=finish.error, **extra,
+                    pending_kind=EventKind.RETRYING,
+                    error=finish.error,
+                    **extra,
                 )
             elif kind is FinishKind.FAIL:
-                task = self._settle(
-                    task, TaskStatus.FAILED, now_ts, error=finish.error, **extra
-                )
+                task = self._settle(task, TaskStatus.FAILED, now_ts, error=finish.error, **extra)
             elif kind is FinishKind.RELEASE:
                 outcome = AttemptOutcome.INTERRUPTED
                 task = self._settle(
-                    task, _PENDING, now_ts, attempts=task.attempts - 1,
-                    run_at=from_timestamp(now_ts), cancel_reason=None, **extra,
+                    task,
+                    _PENDING,
+                    now_ts,
+                    attempts=task.attempts - 1,
+                    run_at=from_timestamp(now_ts),
+                    cancel_reason=None,
+                    **extra,
                 )
             else:
                 task = self._settle(
-                    task, TaskStatus.CANCELLED, now_ts,
+                    task,
+                    TaskStatus.CANCELLED,
+                    now_ts,
                     cancel_reason=finish.cancel_reason or CancelReason.USER,
-                    error=finish.error, **extra,
+                    error=finish.error,
+                    **extra,
                 )
             self._log_attempt(
                 Attempt(
@@ -343,7 +395,8 @@ class MemoryStorage(TaskStorage):
         return held
 
     async def save_progress(self, updates: Sequence[ProgressUpdate]) -> set[str]:
-        now = from_timestamp(wall_clock())
+        now_ts = wall_clock()
+        now = from_timestamp(now_ts)
         written: set[str] = set()
         for update in updates:
             task = self._held(update.lease)
@@ -354,7 +407,8 @@ class MemoryStorage(TaskStorage):
                 changes["progress"] = update.progress
             if update.data is not None:
                 changes["data"] = update.data
-            self._tasks[task.id] = task.evolve(**changes)
+            task = self._tasks[task.id] = task.evolve(**changes)
+            self._emit(EventKind.PROGRESS, task, now_ts)
             written.add(task.id)
         return written
 
@@ -369,9 +423,15 @@ class MemoryStorage(TaskStorage):
             if task.lease_expires_at is None or task.lease_expires_at > now:
                 continue
             worker_id, number, started = task.worker_id, task.attempts, task.started_at
-            if task.cancel_reason is not None:
+            if task.cancel_reason is not None and task.cancel_reason.terminal:
+                task = self._settle(task, TaskStatus.CANCELLED, now_ts)
+            elif task.cancel_reason is not None:
                 task = self._settle(
-                    task, _PENDING, now_ts, attempts=task.attempts - 1, run_at=now,
+                    task,
+                    _PENDING,
+                    now_ts,
+                    attempts=task.attempts - 1,
+                    run_at=now,
                     cancel_reason=None,
                 )
             elif task.attempts < task.max_retries + 1:
@@ -429,6 +489,7 @@ class MemoryStorage(TaskStorage):
         )
         self._tasks[task_id] = task
         self._queue(task, now_ts)
+        self._emit(EventKind.REQUEUED, task, now_ts)
         return task
 
     # -- reading -------------------------------------------------------------------
@@ -447,9 +508,7 @@ class MemoryStorage(TaskStorage):
         offset: int = 0,
         newest_first: bool = False,
     ) -> list[Task]:
-        selected = sorted(
-            self._select(filter), key=lambda t: self._seq[t.id], reverse=newest_first
-        )
+        selected = sorted(self._select(filter), key=lambda t: self._seq[t.id], reverse=newest_first)
         return selected[offset : offset + limit]
 
     async def summary(self, filter: TaskFilter) -> ProgressSummary:
@@ -467,11 +526,8 @@ class MemoryStorage(TaskStorage):
 
     async def attempts(self, task_id: str) -> list[Attempt]:
         return [
-            Attempt(task_id, number, worker_id, started, finished, AttemptOutcome(outcome),
-                    error)
-            for number, worker_id, started, finished, outcome, error in self._log.get(
-                task_id, ()
-            )
+            Attempt(task_id, number, worker_id, started, finished, AttemptOutcome(outcome), error)
+            for number, worker_id, started, finished, outcome, error in self._log.get(task_id, ())
         ]
 
     async def next_run_at(self, handlers: Sequence[HandlerKey]) -> datetime | None:
@@ -488,9 +544,7 @@ class MemoryStorage(TaskStorage):
         self,
         older_than: timedelta,
         *,
-        statuses: frozenset[TaskStatus] = frozenset(
-            {TaskStatus.COMPLETED, TaskStatus.CANCELLED}
-        ),
+        statuses: frozenset[TaskStatus] = frozenset({TaskStatus.COMPLETED, TaskStatus.CANCELLED}),
     ) -> int:
         if any(s.active for s in statuses):
             raise ValueError("cleanup deletes terminal tasks only")
@@ -504,4 +558,118 @@ class MemoryStorage(TaskStorage):
             del self._tasks[task_id]
             del self._seq[task_id]
             self._log.pop(task_id, None)
+            self._children.pop(task_id, None)
         return len(doomed)
+
+    # -- control ---------------------------------------------------------------------
+
+    async def cancel(
+        self,
+        *,
+        task_ids: Sequence[str] | None = None,
+        filter: TaskFilter | None = None,
+        reason: CancelReason = CancelReason.USER,
+        cascade: bool = True,
+    ) -> list[Task]:
+        if task_ids is None and filter is None:
+            raise ValueError("cancel needs task_ids or a filter")
+        now_ts = wall_clock()
+        now = from_timestamp(now_ts)
+        queue = list(task_ids or ())
+        if filter is not None:
+            queue.extend(t.id for t in self._select(filter) if t.status.active)
+        seen: set[str] = set()
+        changed: list[Task] = []
+        while queue:
+            task_id = queue.pop(0)
+            if task_id in seen:
+                continue
+            seen.add(task_id)
+            if cascade:
+                queue.extend(self._children.get(task_id, ()))
+            task = self._tasks.get(task_id)
+            if task is None or task.status.terminal:
+                continue
+            if not reason.terminal:
+                if task.status is _RUNNING and task.cancel_reason is None:
+                    task = self._tasks[task_id] = task.evolve(cancel_reason=reason, updated_at=now)
+                    self._emit(EventKind.CANCEL_REQUESTED, task, now_ts)
+                    changed.append(task)
+                continue
+            if task.status is _RUNNING:
+                self._log_attempt(
+                    Attempt(
+                        task_id=task_id,
+                        number=task.attempts,
+                        worker_id=task.worker_id or "",
+                        started_at=task.started_at or now,
+                        finished_at=now,
+                        outcome=AttemptOutcome.CANCELLED,
+                        error=f"cancelled ({reason.value})",
+                    )
+                )
+            aliases = [a for a in self._aliases.get(task_id, ()) if a not in seen]
+            changed.append(self._settle(task, TaskStatus.CANCELLED, now_ts, cancel_reason=reason))
+            for alias_id in aliases:
+                alias = self._tasks.get(alias_id)
+                if alias is not None and alias.status is TaskStatus.CANCELLED:
+                    seen.add(alias_id)
+                    changed.append(alias)
+        return changed
+
+    async def watch_leases(self, leases: Sequence[Lease]) -> dict[str, CancelReason | None]:
+        held: dict[str, CancelReason | None] = {}
+        for lease in leases:
+            task = self._held(lease)
+            if task is not None:
+                held[task.id] = task.cancel_reason
+        return held
+
+    async def suspend(self, scope: SuspensionScope) -> int:
+        self._suspended.add(scope)
+        running = [
+            self._tasks[task_id]
+            for task_id in self._running
+            if scope.covers(self._tasks[task_id].app_id, self._tasks[task_id].task_type)
+        ]
+        changed = await self.cancel(
+            task_ids=[t.id for t in running], reason=CancelReason.SUSPENDED, cascade=False
+        )
+        return len(changed)
+
+    async def resume(self, scope: SuspensionScope) -> bool:
+        if scope not in self._suspended:
+            return False
+        self._suspended.discard(scope)
+        return True
+
+    async def suspensions(self) -> list[SuspensionScope]:
+        return sorted(self._suspended, key=lambda s: (s.task_type or "", s.app_id or ""))
+
+    async def read_events(
+        self, after: int | None, *, limit: int = 1000
+    ) -> tuple[list[TaskEvent], int]:
+        if after is None:
+            return [], self._event_seq
+        rows = self._events
+        start = bisect.bisect_right(rows, after, key=lambda row: row[0])
+        events: list[TaskEvent] = []
+        cursor = after
+        for seq, kind, task_id, status, at in rows[start : start + limit]:
+            cursor = seq
+            task = self._tasks.get(task_id)
+            if task is not None:
+                events.append(
+                    TaskEvent(
+                        kind=kind, task=task, status=status, at=from_timestamp(at), cursor=seq
+                    )
+                )
+        return events, cursor
+
+    async def prune_events(self, older_than: timedelta) -> int:
+        cutoff = wall_clock() - older_than.total_seconds()
+        keep = 0
+        while keep < len(self._events) and self._events[keep][4] < cutoff:
+            keep += 1
+        del self._events[:keep]
+        return keep

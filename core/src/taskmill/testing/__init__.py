@@ -43,12 +43,13 @@ from taskmill.storage import (
     TaskStorage,
     utcnow,
 )
+from taskmill.testing.control import ControlContract
 from taskmill.testing.helpers import claim, finish, lease_of, new_task, wait_until
 
 __all__ = ["StorageContract", "claim", "finish", "lease_of", "new_task", "wait_until"]
 
 
-class StorageContract:
+class StorageContract(ControlContract):
     """The semantics every :class:`~taskmill.TaskStorage` must have.
 
     Subclass it and provide an async ``storage`` fixture yielding an opened, empty store.

@@ -1,0 +1,277 @@
+"""Contract tests for control operations: cancellation, suspension, events (SPEC 5.6-5.11).
+
+Mixed into :class:`taskmill.testing.StorageContract`; a backend never uses it alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+
+from taskmill.model import (
+    AttemptOutcome,
+    CancelReason,
+    EventKind,
+    Progress,
+    SuspensionScope,
+    TaskFilter,
+    TaskStatus,
+)
+from taskmill.storage import FinishKind, ProgressUpdate, TaskStorage
+from taskmill.testing.helpers import claim, finish, lease_of, new_task
+
+
+async def _status(storage: TaskStorage, task_id: str) -> TaskStatus:
+    task = await storage.get(task_id)
+    assert task is not None
+    return task.status
+
+
+class ControlContract:
+    """Cancellation, suspension and the event log."""
+
+    # -- cancellation ---------------------------------------------------------------
+
+    async def test_cancelling_a_pending_task_takes_effect_at_once(
+        self, storage: TaskStorage
+    ) -> None:
+        (task,) = await storage.enqueue([new_task()])
+        (cancelled,) = await storage.cancel(task_ids=[task.id], reason=CancelReason.USER)
+        assert cancelled.id == task.id
+        assert cancelled.status is TaskStatus.CANCELLED
+        assert cancelled.cancel_reason is CancelReason.USER
+        assert cancelled.finished_at is not None
+        assert await storage.claim_batch(claim()) == []
+
+    async def test_a_terminal_cancel_of_a_running_task_wins_over_its_worker(
+        self, storage: TaskStorage
+    ) -> None:
+        await storage.enqueue([new_task()])
+        (running,) = await storage.claim_batch(claim(worker="w"))
+        (cancelled,) = await storage.cancel(task_ids=[running.id], reason=CancelReason.USER)
+        assert cancelled.status is TaskStatus.CANCELLED
+        assert cancelled.worker_id is None
+        # The worker learns it lost the task and cannot overwrite the cancel.
+        assert await storage.watch_leases([lease_of(running)]) == {}
+        assert await storage.renew_leases([lease_of(running)], 30) == {}
+        assert await storage.finish_batch([finish(running, result="late")]) == [None]
+        assert await _status(storage, running.id) is TaskStatus.CANCELLED
+        (attempt,) = await storage.attempts(running.id)
+        assert attempt.outcome is AttemptOutcome.CANCELLED
+
+    async def test_a_non_terminal_interrupt_asks_the_worker_to_requeue(
+        self, storage: TaskStorage
+    ) -> None:
+        await storage.enqueue([new_task()])
+        (running,) = await storage.claim_batch(claim())
+        (asked,) = await storage.cancel(task_ids=[running.id], reason=CancelReason.SUSPENDED)
+        assert asked.status is TaskStatus.RUNNING
+        assert asked.cancel_reason is CancelReason.SUSPENDED
+        assert await storage.watch_leases([lease_of(running)]) == {
+            running.id: CancelReason.SUSPENDED
+        }
+        # The handler failing on its way out does not spend the attempt.
+        (back,) = await storage.finish_batch([finish(running, FinishKind.RETRY, error="x")])
+        assert back is not None
+        assert back.status is TaskStatus.PENDING
+        assert back.attempts == 0
+        assert back.cancel_reason is None
+
+    async def test_a_non_terminal_interrupt_leaves_pending_tasks_alone(
+        self, storage: TaskStorage
+    ) -> None:
+        (task,) = await storage.enqueue([new_task()])
+        assert await storage.cancel(task_ids=[task.id], reason=CancelReason.SHUTDOWN) == []
+        assert await _status(storage, task.id) is TaskStatus.PENDING
+
+    async def test_cancel_cascades_to_children_and_their_children(
+        self, storage: TaskStorage
+    ) -> None:
+        (parent,) = await storage.enqueue([new_task("p")])
+        (child,) = await storage.enqueue([new_task("c", parent_id=parent.id)])
+        (grandchild,) = await storage.enqueue([new_task("g", parent_id=child.id)])
+        (done_child,) = await storage.enqueue([new_task("d", parent_id=parent.id)])
+        (running_done,) = await storage.claim_batch(claim("d"))
+        await storage.finish_batch([finish(running_done)])
+        changed = await storage.cancel(task_ids=[parent.id], reason=CancelReason.USER)
+        assert {t.id for t in changed} == {parent.id, child.id, grandchild.id}
+        assert await _status(storage, grandchild.id) is TaskStatus.CANCELLED
+        assert await _status(storage, done_child.id) is TaskStatus.COMPLETED
+
+    async def test_cancel_without_cascade_leaves_children_running(
+        self, storage: TaskStorage
+    ) -> None:
+        (parent,) = await storage.enqueue([new_task("p")])
+        (child,) = await storage.enqueue([new_task("c", parent_id=parent.id)])
+        await storage.cancel(task_ids=[parent.id], reason=CancelReason.USER, cascade=False)
+        assert await _status(storage, child.id) is TaskStatus.PENDING
+
+    async def test_aliases_follow_a_cancelled_leader_and_can_be_cancelled_alone(
+        self, storage: TaskStorage
+    ) -> None:
+        (leader,) = await storage.enqueue([new_task("t", dedupe_key="k")])
+        first, second = await storage.enqueue(
+            [new_task("t", dedupe_key="k"), new_task("t", dedupe_key="k")]
+        )
+        await storage.cancel(task_ids=[first.id], reason=CancelReason.USER)
+        assert await _status(storage, first.id) is TaskStatus.CANCELLED
+        assert await _status(storage, leader.id) is TaskStatus.PENDING
+        await storage.cancel(task_ids=[leader.id], reason=CancelReason.PREEMPTED)
+        alias = await storage.get(second.id)
+        assert alias is not None
+        assert alias.status is TaskStatus.CANCELLED
+        assert alias.cancel_reason is CancelReason.PREEMPTED
+        (fresh,) = await storage.enqueue([new_task("t", dedupe_key="k")])
+        assert fresh.alias_of is None
+
+    async def test_cancelling_a_finished_task_changes_nothing(self, storage: TaskStorage) -> None:
+        await storage.enqueue([new_task()])
+        (running,) = await storage.claim_batch(claim())
+        (done,) = await storage.finish_batch([finish(running, result=1)])
+        assert await storage.cancel(task_ids=[running.id], reason=CancelReason.USER) == []
+        assert await storage.get(running.id) == done
+
+    async def test_cancel_by_filter_selects_active_tasks(self, storage: TaskStorage) -> None:
+        await storage.enqueue([new_task("a"), new_task("a"), new_task("b")])
+        await storage.enqueue([new_task("a", app_id="other")])
+        changed = await storage.cancel(
+            filter=TaskFilter(task_types=("a",), app_id=None), reason=CancelReason.USER
+        )
+        assert len(changed) == 3
+        summary = await storage.summary(TaskFilter())
+        assert (summary.cancelled, summary.pending) == (3, 1)
+
+    async def test_cancel_by_filter_with_a_dedupe_key(self, storage: TaskStorage) -> None:
+        await storage.enqueue([new_task("a", dedupe_key="x"), new_task("a", dedupe_key="y")])
+        changed = await storage.cancel(
+            filter=TaskFilter(task_types=("a",), dedupe_key="x"), reason=CancelReason.PREEMPTED
+        )
+        assert [t.dedupe_key for t in changed] == ["x"]
+        assert changed[0].cancel_reason is CancelReason.PREEMPTED
+
+    async def test_cancel_needs_ids_or_a_filter(self, storage: TaskStorage) -> None:
+        with pytest.raises(ValueError, match="task_ids or a filter"):
+            await storage.cancel(reason=CancelReason.USER)
+
+    # -- suspension -------------------------------------------------------------------
+
+    async def test_a_global_suspension_stops_claims_until_resumed(
+        self, storage: TaskStorage
+    ) -> None:
+        await storage.enqueue([new_task("a"), new_task("b")])
+        await storage.suspend(SuspensionScope())
+        assert await storage.claim_batch(claim("a", "b")) == []
+        assert await storage.suspensions() == [SuspensionScope()]
+        assert await storage.resume(SuspensionScope()) is True
+        assert len(await storage.claim_batch(claim("a", "b"))) == 2
+        assert await storage.resume(SuspensionScope()) is False
+
+    async def test_a_suspension_covers_only_its_type_and_app(self, storage: TaskStorage) -> None:
+        await storage.enqueue(
+            [new_task("a"), new_task("b"), new_task("a", app_id="x"), new_task("b", app_id="x")]
+        )
+        await storage.suspend(SuspensionScope(task_type="a", app_id="x"))
+        await storage.suspend(SuspensionScope(task_type="b", app_id="x"))
+        await storage.suspend(SuspensionScope(task_type="b", app_id="x"))  # idempotent
+        claimed = await storage.claim_batch(claim("a", "b"))
+        assert sorted((t.task_type, t.app_id or "") for t in claimed) == [("a", ""), ("b", "")]
+        assert len(await storage.suspensions()) == 2
+        await storage.suspend(SuspensionScope(app_id="x"))
+        await storage.resume(SuspensionScope(task_type="a", app_id="x"))
+        assert await storage.claim_batch(claim("a", "b")) == []  # app x is still suspended
+
+    async def test_suspending_asks_running_tasks_in_scope_to_requeue(
+        self, storage: TaskStorage
+    ) -> None:
+        await storage.enqueue([new_task("a"), new_task("b")])
+        a, b = await storage.claim_batch(claim("a", "b"))
+        assert await storage.suspend(SuspensionScope(task_type="a")) == 1
+        watched = await storage.watch_leases([lease_of(a), lease_of(b)])
+        assert watched == {a.id: CancelReason.SUSPENDED, b.id: None}
+
+    # -- leases -----------------------------------------------------------------------
+
+    async def test_watch_leases_reads_without_extending(self, storage: TaskStorage) -> None:
+        await storage.enqueue([new_task()])
+        (task,) = await storage.claim_batch(claim(lease=30))
+        assert await storage.watch_leases([lease_of(task)]) == {task.id: None}
+        current = await storage.get(task.id)
+        assert current is not None
+        assert current.lease_expires_at == task.lease_expires_at
+
+    # -- events -----------------------------------------------------------------------
+
+    async def test_every_change_is_in_the_event_log_in_order(self, storage: TaskStorage) -> None:
+        _, start = await storage.read_events(None)
+        (task,) = await storage.enqueue([new_task()])
+        (running,) = await storage.claim_batch(claim())
+        await storage.save_progress(
+            [ProgressUpdate(lease=lease_of(running), progress=Progress(1, 2))]
+        )
+        await storage.finish_batch([finish(running, FinishKind.RETRY, error="x")])
+        (again,) = await storage.claim_batch(claim())
+        await storage.finish_batch([finish(again, result="ok")])
+        events, end = await storage.read_events(start)
+        mine = [e for e in events if e.task.id == task.id]
+        assert [e.kind for e in mine] == [
+            EventKind.ENQUEUED,
+            EventKind.STARTED,
+            EventKind.PROGRESS,
+            EventKind.RETRYING,
+            EventKind.STARTED,
+            EventKind.COMPLETED,
+        ]
+        assert [e.status for e in mine] == [
+            TaskStatus.PENDING,
+            TaskStatus.RUNNING,
+            TaskStatus.RUNNING,
+            TaskStatus.PENDING,
+            TaskStatus.RUNNING,
+            TaskStatus.COMPLETED,
+        ]
+        cursors = [e.cursor for e in events]
+        assert cursors == sorted(cursors) and len(set(cursors)) == len(cursors)
+        assert end == cursors[-1]
+        assert await storage.read_events(end) == ([], end)
+
+    async def test_the_event_log_reads_in_pages(self, storage: TaskStorage) -> None:
+        _, start = await storage.read_events(None)
+        await storage.enqueue([new_task() for _ in range(5)])
+        first, cursor = await storage.read_events(start, limit=3)
+        rest, end = await storage.read_events(cursor, limit=10)
+        assert len(first) == 3 and len(rest) == 2
+        assert end == rest[-1].cursor
+
+    async def test_cancellations_rescues_and_aliases_emit_events(
+        self, storage: TaskStorage
+    ) -> None:
+        _, start = await storage.read_events(None)
+        (leader,) = await storage.enqueue([new_task("t", dedupe_key="k")])
+        (alias,) = await storage.enqueue([new_task("t", dedupe_key="k")])
+        await storage.cancel(task_ids=[leader.id], reason=CancelReason.USER)
+        await storage.enqueue([new_task("r")])
+        await storage.claim_batch(claim("r", lease=0.05))
+
+        async def rescued() -> bool:
+            return bool(await storage.rescue_expired())
+
+        deadline = asyncio.get_running_loop().time() + 10
+        while not await rescued():
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.02)
+        events, _ = await storage.read_events(start)
+        kinds = [(e.task.id, e.kind) for e in events]
+        assert (leader.id, EventKind.CANCELLED) in kinds
+        assert (alias.id, EventKind.CANCELLED) in kinds
+        assert EventKind.REQUEUED in [e.kind for e in events if e.task.task_type == "r"]
+
+    async def test_old_events_are_pruned(self, storage: TaskStorage) -> None:
+        _, start = await storage.read_events(None)
+        await storage.enqueue([new_task()])
+        assert await storage.prune_events(timedelta(hours=1)) == 0
+        await asyncio.sleep(0.02)
+        assert await storage.prune_events(timedelta(0)) >= 1
+        events, _ = await storage.read_events(start)
+        assert events == []
