@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, TextIO
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import attrs
@@ -42,6 +42,7 @@ from taskmill.errors import TaskmillError, TaskNotFound
 from taskmill.model import (
     Attempt,
     Priority,
+    Progress,
     ProgressSummary,
     Task,
     TaskFilter,
@@ -49,6 +50,7 @@ from taskmill.model import (
 )
 from taskmill.serialization import to_dict
 from taskmill.storage import utcnow
+from taskmill.worker import Worker
 
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1
@@ -366,9 +368,9 @@ def _duration(text: str) -> timedelta:
 # -- output helpers -----------------------------------------------------------------
 
 
-def _console(file: TextIO | None = None) -> Console:
-    """A console for tables: wide when writing to a pipe or file, so rows do not wrap."""
-    console = Console(file=file, highlight=False)
+def _console() -> Console:
+    """A stdout console for tables: wide on a pipe or file, so that rows do not wrap."""
+    console = Console(highlight=False)
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console.width = 160
     return console
@@ -541,9 +543,8 @@ async def _worker(args: argparse.Namespace) -> int:
             await worker.run_until_idle()
         else:
             await worker.run()
-        print(
-            f"worker {worker.worker_id} stopped after {worker.processed} attempts", file=sys.stderr
-        )
+        attempts = f"{worker.processed} attempt{'' if worker.processed == 1 else 's'}"
+        print(f"worker {worker.worker_id} stopped after {attempts}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -584,7 +585,7 @@ async def _ls(args: argparse.Namespace) -> int:
         _print_json([to_dict(t) for t in tasks])
         return EXIT_OK
     now = utcnow()
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for name, justify in (
         ("id", "left"),
         ("type", "left"),
@@ -640,7 +641,7 @@ async def _show(args: argparse.Namespace) -> int:
 
 def _task_fields(task: Task) -> Table:
     """Every field of ``task``, one per row."""
-    table = Table(box=box.SIMPLE, show_header=False, pad_edge=False)
+    table = Table(box=box.SIMPLE, show_header=False, pad_edge=False, show_edge=False)
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     for field in attrs.fields(Task):
@@ -651,6 +652,8 @@ def _task_fields(task: Task) -> Table:
         elif field.name == "priority":
             name = _priority_name(value)
             cell = Text(str(value) if name == str(value) else f"{value} ({name})")
+        elif field.name == "progress" and value == Progress():
+            cell = Text("-", style="dim")
         elif field.name == "progress":
             pct = value.pct
             total = "?" if value.total is None else f"{value.total:g}"
@@ -658,7 +661,7 @@ def _task_fields(task: Task) -> Table:
             cell = Text(shown + (f" {value.message}" if value.message else ""))
         elif isinstance(value, datetime):
             cell = Text(_when(value))
-        elif field.name in ("params", "data", "result"):
+        elif field.name in ("params", "data") or (field.name == "result" and value is not None):
             cell = Text(json.dumps(value, ensure_ascii=False))
         elif value is None:
             cell = Text("-", style="dim")
@@ -671,7 +674,9 @@ def _task_fields(task: Task) -> Table:
 
 
 def _attempt_log(attempts: Sequence[Attempt]) -> Table:
-    table = Table(title="attempts", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(
+        title="attempts", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False
+    )
     table.add_column("#", justify="right")
     table.add_column("outcome")
     table.add_column("started")
@@ -736,7 +741,7 @@ async def _stats(args: argparse.Namespace) -> int:
 
 
 def _summary_table(summaries: Sequence[tuple[str, ProgressSummary]]) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     table.add_column("tasks", no_wrap=True)
     for name in ("total", "pending", "running", "completed", "failed", "cancelled", "done"):
         table.add_column(name, justify="right")
@@ -781,8 +786,7 @@ async def _demo(args: argparse.Namespace) -> int:
             Text.assemble(
                 "taskmill demo ",
                 (run, "bold"),
-                f": {args.tasks} tasks on ",
-                f"{_redacted(tm.url)}, {args.concurrency} worker slots",
+                f": {args.tasks} tasks on {_redacted(tm.url)}, {args.concurrency} worker slots",
             )
         )
         # The run's tasks carry its id as user_id: everything below counts only them,
@@ -796,32 +800,7 @@ async def _demo(args: argparse.Namespace) -> int:
             poll_interval=0.25,
             shutdown_grace=5.0,
         )
-        started = time.monotonic()
-        with Live(console=console, auto_refresh=False, transient=False) as live:
-
-            async def refresh() -> None:
-                running = await tm.query(
-                    attrs.evolve(run_filter, statuses=(TaskStatus.RUNNING,)),
-                    limit=args.concurrency * 2,
-                )
-                summary = await tm.progress_summary(run_filter)
-                live.update(_demo_view(summary, running, time.monotonic() - started), refresh=True)
-
-            async def keep_refreshing() -> None:
-                while True:
-                    await refresh()
-                    await asyncio.sleep(0.25)
-
-            view = asyncio.create_task(keep_refreshing())
-            try:
-                await worker.run_until_idle()
-            finally:
-                view.cancel()
-                await asyncio.gather(view, return_exceptions=True)
-            await refresh()
-        if not console.is_terminal:
-            console.line()
-        elapsed = time.monotonic() - started
+        elapsed = await _run_with_live_view(tm, worker, run_filter, console)
         tasks = await tm.query(run_filter, limit=len(workload))
         logs = await asyncio.gather(*(tm.attempts(t.id) for t in tasks))
     tallies = _demo_tallies(tasks, logs)
@@ -831,10 +810,8 @@ async def _demo(args: argparse.Namespace) -> int:
     for task in tasks:
         if task.status is TaskStatus.FAILED:
             console.print(
-                Text(f"{task.task_type} {_short(task.id)} failed: {_truncate(task.error, 80)}")
-            )
-            console.print(
                 Text(
+                    f"{task.task_type} {_short(task.id)} failed: {_truncate(task.error, 80)}\n"
                     f"  inspect it: taskmill{url_option} show {_short(task.id)}\n"
                     f"  redrive it: taskmill{url_option} retry {_short(task.id)}"
                 )
@@ -852,6 +829,40 @@ async def _demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def _run_with_live_view(
+    tm: Taskmill, worker: Worker, run_filter: TaskFilter, console: Console
+) -> float:
+    """Run ``worker`` until idle (or a signal) while a live display, refreshed from the
+    store a few times a second, shows the tasks ``run_filter`` selects. Returns the
+    seconds it ran."""
+    started = time.monotonic()
+    running_filter = attrs.evolve(run_filter, statuses=(TaskStatus.RUNNING,))
+    with Live(console=console, auto_refresh=False, transient=False) as live:
+
+        async def refresh(*, final: bool = False) -> None:
+            running = await tm.query(running_filter, limit=worker.concurrency * 2)
+            summary = await tm.progress_summary(run_filter)
+            elapsed = time.monotonic() - started
+            live.update(_demo_view(summary, running, elapsed, final=final), refresh=True)
+
+        async def keep_refreshing() -> None:
+            while True:
+                await refresh()
+                await asyncio.sleep(0.25)
+
+        refresher = asyncio.create_task(keep_refreshing())
+        try:
+            await worker.run_until_idle()
+        finally:
+            refresher.cancel()
+            await asyncio.gather(refresher, return_exceptions=True)
+        await refresh(final=True)
+    if not console.is_terminal:
+        console.line()  # on a pipe, Live leaves its last frame unterminated
+    console.line()
+    return time.monotonic() - started
+
+
 def _quiet_worker_logs(console: Console) -> None:
     """Log through the live display, and only errors: the demo's failing attempts are
     expected and show up in its summary instead."""
@@ -862,8 +873,11 @@ def _quiet_worker_logs(console: Console) -> None:
     logger.propagate = False
 
 
-def _demo_view(summary: ProgressSummary, running: Sequence[Task], elapsed: float) -> RenderableType:
-    """The live display: an overall bar, then one row per running task."""
+def _demo_view(
+    summary: ProgressSummary, running: Sequence[Task], elapsed: float, *, final: bool = False
+) -> RenderableType:
+    """The live display: an overall bar, then one row per running task (``final``: the
+    last frame, drawn after the worker stopped)."""
     overall = Table.grid(padding=(0, 1))
     overall.add_row(
         ProgressBar(total=max(summary.total, 1), completed=summary.finished, width=40),
@@ -874,7 +888,7 @@ def _demo_view(summary: ProgressSummary, running: Sequence[Task], elapsed: float
         Text(f"{summary.pending} pending", style="yellow"),
         Text(f"{elapsed:.1f}s", style="dim"),
     )
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     table.add_column("task", no_wrap=True)
     table.add_column("type", no_wrap=True)
     table.add_column("priority", no_wrap=True)
@@ -889,21 +903,23 @@ def _demo_view(summary: ProgressSummary, running: Sequence[Task], elapsed: float
             Text(task.task_type),
             _priority_name(task.priority),
             str(task.attempts),
+            # No total yet (the handler has not reported): an empty bar, not a guess.
             ProgressBar(
                 total=progress.total or 1,
-                completed=progress.done,
+                completed=progress.done if progress.total else 0,
                 width=24,
-                pulse=progress.total is None,
             ),
             _pct(task),
             Text(progress.message or ""),
         )
     if not running:
-        if summary.pending:
-            waiting = "waiting for retries to come due"
+        if summary.finished == summary.total:
+            state = "all tasks finished"
+        elif final:
+            state = f"stopped with {summary.total - summary.finished} tasks unfinished"
         else:
-            waiting = "all tasks finished" if summary.finished == summary.total else "idle"
-        return Group(overall, Text(waiting, style="dim"))
+            state = "waiting for retries to come due"
+        return Group(overall, Text(state, style="dim"))
     return Group(overall, table)
 
 
@@ -938,6 +954,7 @@ def _demo_summary(tallies: Sequence[_TypeTally], elapsed: float) -> Table:
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
+        show_edge=False,
         show_footer=True,
     )
     table.add_column("type", footer="total", no_wrap=True)

@@ -39,8 +39,9 @@ FETCH_MAX_RETRIES = 5
 
 async def scan_folder(ctx: Context, params: dict[str, Any]) -> dict[str, Any]:
     """Walk a generated list of file names and count the ones that match a suffix."""
+    suffixes: list[str] = params["suffixes"]
     files = [
-        f"{params['folder']}/file-{i:04d}{params['suffixes'][i % 3]}"
+        f"{params['folder']}/file-{i:04d}{suffixes[i % len(suffixes)]}"
         for i in range(int(params["files"]))
     ]
     matches = 0
@@ -181,7 +182,7 @@ def _task(task_type: str, nth: int, rng: random.Random) -> tuple[dict[str, Any],
             "url": f"https://feeds.example.com/{rng.choice(['news', 'blog', 'jobs'])}/{nth}.xml",
             "flaky_attempts": flaky,
             "seconds": round(rng.uniform(0.5, 1.2), 3),
-        }, (Priority.NORMAL)
+        }, Priority.NORMAL
     if task_type == VALIDATE:
         email = BAD_RECORD_EMAIL if nth == 0 else f"user{nth}@example.com"
         record = {

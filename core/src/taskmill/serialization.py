@@ -40,8 +40,6 @@ def make_converter() -> cattrs.Converter:
     converter.register_structure_hook(datetime, _structure_datetime)
     converter.register_unstructure_hook(uuid.UUID, str)
     converter.register_structure_hook(uuid.UUID, lambda v, _: uuid.UUID(str(v)))
-    # Unstructure by the runtime class so that Any-typed fields keep their structure.
-    converter.register_unstructure_hook(object, lambda v: v)
     return converter
 
 

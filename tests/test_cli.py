@@ -1,0 +1,581 @@
+"""The ``taskmill`` command line, run as the installed console script in a subprocess
+against a real SQLite file, its output checked against what the database holds."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from taskmill import Task, TaskFilter, Taskmill, TaskStatus
+from taskmill.demo import BAD_RECORD_EMAIL, FETCH_MAX_RETRIES, TASK_TYPES
+from taskmill.discovery import installed_schemes
+
+SCRIPT = Path(sys.executable).with_name("taskmill")
+
+HANDLERS = '''
+"""Handlers the CLI tests load with `taskmill worker --import cli_handlers`."""
+import taskmill
+
+
+def register(tm: taskmill.Taskmill) -> None:
+    @tm.handler("test.add")
+    async def add(ctx, params):
+        ctx.check_cancelled()
+        await ctx.progress(1, 1, "added")
+        return {"sum": params["a"] + params["b"]}
+
+    @tm.handler("test.reject", max_retries=0)
+    def reject(ctx, params):
+        raise taskmill.Fail(f"rejected: {params.get('why', 'no reason')}")
+
+    @tm.handler("test.wait_for_file")
+    async def wait_for_file(ctx, params):
+        import asyncio, pathlib
+        path = pathlib.Path(params["path"])
+        while not path.exists():
+            await asyncio.sleep(0.02)
+        return {"seen": str(path)}
+'''
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("TASKMILL_URL", "COLUMNS", "LINES")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
+    env["PYTHONIOENCODING"] = "utf-8"
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 't.db'}"
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run ``taskmill ARGS...`` in ``tmp_path`` (where ``cli_handlers`` is importable)
+    and return the finished process."""
+    assert SCRIPT.exists(), f"the console script is not installed at {SCRIPT}"
+    (tmp_path / "cli_handlers.py").write_text(HANDLERS)
+
+    def run(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(SCRIPT), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=tmp_path,
+            env=_env(tmp_path, **env),
+            check=False,
+        )
+
+    return run
+
+
+def _ok(process: subprocess.CompletedProcess[str]) -> str:
+    assert process.returncode == 0, (
+        f"exit {process.returncode}\nstdout:\n{process.stdout}\nstderr:\n{process.stderr}"
+    )
+    return process.stdout
+
+
+def _stored(url: str, action: Callable[[Taskmill], Any]) -> Any:
+    async def go() -> Any:
+        async with Taskmill(url, plugins=False) as tm:
+            return await action(tm)
+
+    return asyncio.run(go())
+
+
+def _task(url: str, task_id: str) -> Task:
+    task = _stored(url, lambda tm: tm.get(task_id))
+    assert task is not None
+    return task
+
+
+def _enqueue(cli: Callable[..., Any], url: str, *args: str) -> str:
+    task_id = _ok(cli("--url", url, "enqueue", *args)).strip()
+    uuid.UUID(task_id)
+    return task_id
+
+
+def _field(show_output: str, name: str) -> str:
+    match = re.search(rf"^\s*{name}\s+(.*?)\s*$", show_output, re.MULTILINE)
+    assert match, f"no {name} line in:\n{show_output}"
+    return match.group(1)
+
+
+# -- enqueue, ls, show, worker ------------------------------------------------------
+
+
+def test_an_enqueued_task_is_listed_shown_run_by_a_worker_and_shown_completed(cli, url):
+    task_id = _enqueue(
+        cli,
+        url,
+        "test.add",
+        "--params",
+        '{"a": 2, "b": 3}',
+        "--priority",
+        "user_action",
+        "--user-id",
+        "alice",
+    )
+
+    listing = _ok(cli("--url", url, "ls"))
+    row = next(line for line in listing.splitlines() if task_id[:8] in line)
+    assert row.split()[:6] == [task_id[:8], "test.add", "-", "pending", "user_action", "0/4"]
+
+    shown = _ok(cli("--url", url, "show", task_id))
+    assert _field(shown, "id") == task_id
+    assert _field(shown, "task_type") == "test.add"
+    assert _field(shown, "status") == "pending"
+    assert _field(shown, "priority") == "1000 (user_action)"
+    assert json.loads(_field(shown, "params")) == {"a": 2, "b": 3}
+    assert _field(shown, "user_id") == "alice"
+    assert "no attempts yet" in shown
+
+    worker = cli("--url", url, "worker", "--import", "cli_handlers", "--until-idle")
+    _ok(worker)
+    assert worker.stdout == ""  # a worker reports on stderr only
+    assert "stopped after 1 attempt\n" in worker.stderr
+
+    shown = _ok(cli("--url", url, "show", task_id))
+    assert _field(shown, "status") == "completed"
+    assert json.loads(_field(shown, "result")) == {"sum": 5}
+    assert _field(shown, "progress") == "1/1 (100%) added"
+    attempts = re.split(r"^attempts *$", shown, flags=re.MULTILINE)[1]
+    assert re.search(r"^\s*1\s+completed\s", attempts, re.MULTILINE), attempts
+
+    stored = _task(url, task_id)
+    assert stored.status is TaskStatus.COMPLETED
+    assert stored.result == {"sum": 5}
+
+
+def test_show_json_holds_the_stored_task_and_its_attempt_log(cli, url):
+    task_id = _enqueue(cli, url, "test.add", "--params", '{"a": 1, "b": 1}')
+    _ok(cli("--url", url, "worker", "--import", "cli_handlers", "--until-idle"))
+
+    document = json.loads(_ok(cli("--url", url, "show", task_id, "--json")))
+
+    stored = _task(url, task_id)
+    assert document["task"]["id"] == stored.id
+    assert document["task"]["status"] == "completed"
+    assert document["task"]["result"] == {"sum": 2}
+    assert stored.finished_at is not None
+    assert document["task"]["finished_at"] == stored.finished_at.isoformat()
+    (attempt,) = document["attempts"]
+    assert attempt["number"] == 1
+    assert attempt["outcome"] == "completed"
+    assert attempt["elapsed_ms"] >= 0
+
+
+def test_show_and_retry_accept_the_short_id_that_ls_prints(cli, url):
+    task_id = _enqueue(cli, url, "test.add", "--params", '{"a": 1, "b": 1}')
+    shown = _ok(cli("--url", url, "show", task_id[:8]))
+    assert _field(shown, "id") == task_id
+
+
+def test_enqueue_json_prints_the_task_as_stored(cli, url):
+    printed = json.loads(
+        _ok(
+            cli(
+                "--url",
+                url,
+                "enqueue",
+                "test.add",
+                "--json",
+                "--params",
+                '{"a": 1, "b": 2}',
+                "--priority",
+                "7",
+                "--app-id",
+                "photos",
+                "--dedupe-key",
+                "k1",
+                "--max-retries",
+                "0",
+                "--delay",
+                "3600",
+            )
+        )
+    )
+    stored = _task(url, printed["id"])
+    assert printed["params"] == stored.params == {"a": 1, "b": 2}
+    assert printed["priority"] == stored.priority == 7
+    assert printed["app_id"] == stored.app_id == "photos"
+    assert printed["dedupe_key"] == stored.dedupe_key == "k1"
+    assert printed["max_retries"] == stored.max_retries == 0
+    assert printed["run_at"] == stored.run_at.isoformat()
+    assert stored.run_at > stored.created_at + timedelta(minutes=59)
+
+
+def test_enqueue_with_an_active_dedupe_key_reports_the_alias(cli, url):
+    leader = _enqueue(cli, url, "test.add", "--dedupe-key", "same")
+    alias = cli("--url", url, "enqueue", "test.add", "--dedupe-key", "same")
+    _ok(alias)
+    assert alias.stdout.strip() != leader
+    assert f"alias of {leader}" in alias.stderr
+    assert _task(url, alias.stdout.strip()).alias_of == leader
+
+
+def test_enqueue_takes_max_retries_from_the_handler_modules_it_is_given(cli, url):
+    plain = json.loads(_ok(cli("--url", url, "enqueue", "demo.fetch", "--json")))
+    with_handlers = json.loads(_ok(cli("--url", url, "enqueue", "demo.fetch", "--demo", "--json")))
+    assert plain["max_retries"] == 3
+    assert with_handlers["max_retries"] == FETCH_MAX_RETRIES
+
+
+def test_worker_until_idle_leaves_a_task_that_is_due_later_pending(cli, url):
+    later = _enqueue(cli, url, "test.add", "--params", '{"a": 1, "b": 1}', "--delay", "3600")
+    now = _enqueue(cli, url, "test.add", "--params", '{"a": 1, "b": 1}')
+    _ok(cli("--url", url, "worker", "--import", "cli_handlers", "--until-idle"))
+    assert _task(url, now).status is TaskStatus.COMPLETED
+    assert _task(url, later).status is TaskStatus.PENDING
+
+
+def test_ls_filters_by_status_type_and_user_and_lists_newest_first(cli, url):
+    first = _enqueue(cli, url, "test.add", "--params", '{"a": 1, "b": 1}')
+    rejected = _enqueue(
+        cli, url, "test.reject", "--params", '{"why": "bad input"}', "--user-id", "bob"
+    )
+    waiting = _enqueue(cli, url, "other.type")
+    _ok(cli("--url", url, "worker", "--import", "cli_handlers", "--until-idle"))
+
+    def ids(*args: str) -> list[str]:
+        return [t["id"] for t in json.loads(_ok(cli("--url", url, "ls", "--json", *args)))]
+
+    assert ids() == [waiting, rejected, first]
+    assert ids("--status", "failed") == [rejected]
+    assert ids("--status", "completed", "pending") == [waiting, first]
+    assert ids("--type", "test.add", "--type", "other.type") == [waiting, first]
+    assert ids("--user-id", "bob") == [rejected]
+    assert ids("--limit", "1") == [waiting]
+
+    table = _ok(cli("--url", url, "ls", "--status", "failed"))
+    row = next(line for line in table.splitlines() if rejected[:8] in line)
+    assert "failed" in row
+    assert "rejected: bad input" in row
+    assert first[:8] not in table
+
+
+def test_ls_of_an_empty_store_says_so(cli, url):
+    assert _ok(cli("--url", url, "ls")).strip() == "no tasks"
+
+
+# -- retry, cleanup, stats, migrate -------------------------------------------------
+
+
+def test_retry_puts_a_failed_task_back_to_pending_and_a_worker_runs_it_again(cli, url):
+    task_id = _enqueue(cli, url, "test.reject", "--params", '{"why": "nope"}')
+    _ok(cli("--url", url, "worker", "--import", "cli_handlers", "--until-idle"))
+    shown = _ok(cli("--url", url, "show", task_id))
+    assert _field(shown, "status") == "failed"
+    assert _field(shown, "error") == "rejected: nope"
+
+    assert _ok(cli("--url", url, "retry", task_id)).strip() == f"{task_id} pending"
+    redriven = _task(url, task_id)
+    assert redriven.status is TaskStatus.PENDING
+    assert redriven.attempts == 0
+    assert redriven.error is None
+
+    _ok(cli("--url", url, "worker", "--import", "cli_handlers", "--until-idle"))
+    assert _task(url, task_id).status is TaskStatus.FAILED
+    attempts = _stored(url, lambda tm: tm.attempts(task_id))
+    assert [a.outcome.value for a in attempts] == ["failed", "failed"]
+
+
+def test_retry_of_a_task_that_has_not_failed_is_an_error(cli, url):
+    task_id = _enqueue(cli, url, "test.add")
+    process = cli("--url", url, "retry", task_id)
+    assert process.returncode == 2
+    assert process.stderr.startswith("error: ")
+    assert "Traceback" not in process.stderr
+    assert _task(url, task_id).status is TaskStatus.PENDING
+
+
+@pytest.mark.parametrize("command", ["show", "retry"])
+def test_an_unknown_task_id_exits_1_naming_it(cli, url, command):
+    _enqueue(cli, url, "test.add")
+    missing = str(uuid.uuid4())
+    process = cli("--url", url, command, missing)
+    assert process.returncode == 1
+    assert process.stderr.strip() == f"error: no task with id {missing!r}"
+    assert process.stdout == ""
+
+
+def test_cleanup_deletes_finished_tasks_older_than_the_age_given(cli, url):
+    done = _enqueue(cli, url, "test.add", "--params", '{"a": 1, "b": 1}')
+    failed = _enqueue(cli, url, "test.reject")
+    pending = _enqueue(cli, url, "other.type")
+    _ok(cli("--url", url, "worker", "--import", "cli_handlers", "--until-idle"))
+
+    assert _ok(cli("--url", url, "cleanup", "--older-than", "1h")).strip() == ("deleted 0 tasks")
+    assert _ok(cli("--url", url, "cleanup", "--older-than", "0")).strip() == ("deleted 1 tasks")
+    remaining = {t.id for t in _stored(url, lambda tm: tm.query(TaskFilter()))}
+    assert remaining == {failed, pending}
+    assert done not in remaining
+
+
+def test_stats_counts_tasks_by_status(cli, url):
+    for a in range(3):
+        _enqueue(cli, url, "test.add", "--params", json.dumps({"a": a, "b": 1}))
+    _enqueue(cli, url, "test.reject")
+    _enqueue(cli, url, "other.type")
+    _ok(cli("--url", url, "worker", "--import", "cli_handlers", "--until-idle"))
+
+    counts = json.loads(_ok(cli("--url", url, "stats", "--json")))
+    assert {k: counts["all"][k] for k in ("total", "pending", "completed", "failed")} == {
+        "total": 5,
+        "pending": 1,
+        "completed": 3,
+        "failed": 1,
+    }
+    assert counts["all"]["pct"] == 80.0
+
+    table = _ok(cli("--url", url, "stats", "--type", "test.add", "test.reject"))
+    rows = {
+        line.split()[0]: line.split()[1:]
+        for line in table.splitlines()
+        if line.strip().startswith(("test.", "total"))
+    }
+    # columns: total pending running completed failed cancelled done
+    assert rows["test.add"] == ["3", "0", "0", "3", "0", "0", "100%"]
+    assert rows["test.reject"] == ["1", "0", "0", "0", "1", "0", "100%"]
+    assert rows["total"] == ["4", "0", "0", "3", "1", "0", "100%"]
+
+
+def test_migrate_prints_the_schema_version_and_is_idempotent(cli, url):
+    from taskmill.backends.sqlite import latest_version
+
+    first = _ok(cli("--url", url, "migrate"))
+    assert first.strip() == f"schema version {latest_version()} ({url})"
+    again = _ok(cli("--url", url, "migrate"))
+    assert again == first
+    # The migrated database is one the API opens and uses.
+    task_id = _enqueue(cli, url, "test.add")
+    assert _task(url, task_id).status is TaskStatus.PENDING
+
+
+# -- URLs and bad input -------------------------------------------------------------
+
+
+def test_the_url_comes_from_the_environment_and_defaults_to_taskmill_db(cli, url, tmp_path):
+    from_env = _ok(cli("enqueue", "test.add", TASKMILL_URL=url)).strip()
+    assert _task(url, from_env).task_type == "test.add"
+
+    default = _ok(cli("enqueue", "test.add")).strip()
+    default_url = f"sqlite:///{tmp_path / 'taskmill.db'}"
+    assert (tmp_path / "taskmill.db").exists()
+    assert _task(default_url, default).task_type == "test.add"
+
+
+def test_url_is_accepted_after_the_command_too(cli, url):
+    task_id = _enqueue(cli, url, "test.add")
+    listed = json.loads(_ok(cli("ls", "--json", "--url", url)))
+    assert [t["id"] for t in listed] == [task_id]
+
+
+def test_bad_params_json_exits_2_with_a_message_and_stores_nothing(cli, url):
+    process = cli("--url", url, "enqueue", "test.add", "--params", '{"a": 1,')
+    assert process.returncode == 2
+    assert "argument --params: not valid JSON" in process.stderr
+    assert "Traceback" not in process.stderr
+    assert json.loads(_ok(cli("--url", url, "ls", "--json"))) == []
+
+
+def test_params_that_are_not_a_json_object_exit_2(cli, url):
+    process = cli("--url", url, "enqueue", "test.add", "--params", "[1, 2]")
+    assert process.returncode == 2
+    assert "must be a JSON object" in process.stderr
+
+
+def test_a_bad_priority_exits_2_listing_the_names(cli, url):
+    process = cli("--url", url, "enqueue", "test.add", "--priority", "soon")
+    assert process.returncode == 2
+    assert "background, normal, user_action, urgent" in process.stderr
+
+
+def test_an_unknown_url_scheme_exits_2_naming_the_scheme(cli):
+    process = cli("--url", "nosuchdb://somewhere/x", "ls")
+    assert process.returncode == 2
+    assert process.stderr.startswith("error: unknown storage URL scheme 'nosuchdb'")
+    assert "Traceback" not in process.stderr
+
+
+@pytest.mark.skipif(
+    "postgresql" in installed_schemes(), reason="taskmill-postgres is installed here"
+)
+def test_a_backend_that_is_not_installed_exits_2_naming_the_package(cli):
+    process = cli("--url", "postgresql://localhost/tasks", "ls")
+    assert process.returncode == 2
+    assert "pip install taskmill-postgres" in process.stderr
+
+
+def test_a_worker_without_handlers_exits_2(cli, url):
+    process = cli("--url", url, "worker", "--until-idle")
+    assert process.returncode == 2
+    assert "no handlers to run" in process.stderr
+
+
+def test_a_handler_module_that_cannot_be_imported_exits_2(cli, url):
+    process = cli("--url", url, "worker", "--import", "no_such_module_here")
+    assert process.returncode == 2
+    assert "cannot import handler module 'no_such_module_here'" in process.stderr
+
+
+def test_a_handler_module_without_register_exits_2(cli, url, tmp_path):
+    (tmp_path / "not_handlers.py").write_text("X = 1\n")
+    process = cli("--url", url, "worker", "--import", "not_handlers")
+    assert process.returncode == 2
+    assert "has no register(tm) function" in process.stderr
+
+
+# -- signals ------------------------------------------------------------------------
+
+
+def _wait_until(condition: Callable[[], bool], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_worker_stops_gracefully_on_a_signal_letting_its_task_finish(cli, url, tmp_path, sig):
+    release = tmp_path / "release"
+    task_id = _enqueue(
+        cli, url, "test.wait_for_file", "--params", json.dumps({"path": str(release)})
+    )
+    worker = subprocess.Popen(
+        [str(SCRIPT), "--url", url, "worker", "--import", "cli_handlers", "--shutdown-grace", "30"],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_until(
+            lambda: _task(url, task_id).status is TaskStatus.RUNNING, "the worker to claim the task"
+        )
+        worker.send_signal(sig)
+        # The handler is still running: the worker waits for it instead of exiting.
+        with pytest.raises(subprocess.TimeoutExpired):
+            worker.wait(timeout=0.5)
+        release.touch()
+        _, stderr = worker.communicate(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate()
+    assert worker.returncode == 0, stderr
+    assert "stopping gracefully" in stderr
+    assert "stopped after 1 attempt\n" in stderr
+    assert _task(url, task_id).status is TaskStatus.COMPLETED
+
+
+# -- the demo -----------------------------------------------------------------------
+
+
+def _demo_run(output: str) -> tuple[str, dict[str, list[int]]]:
+    """The run id and, per task type, [tasks, completed, failed, retries] the demo
+    printed in its summary."""
+    run = re.search(r"^taskmill demo (demo-[0-9a-f]{8}):", output, re.MULTILINE)
+    assert run, output
+    rows = {}
+    summary = output.split("summary (", 1)[1].split("list this run's tasks", 1)[0]
+    for line in summary.splitlines():
+        cells = line.split()
+        if cells and (cells[0] in TASK_TYPES or cells[0] == "total"):
+            rows[cells[0]] = [int(c) for c in cells[1:5]]
+    return run.group(1), rows
+
+
+def _stored_run(url: str, run: str) -> tuple[list[Task], dict[str, list[int]]]:
+    tasks = _stored(url, lambda tm: tm.query(TaskFilter(user_id=run), limit=1000))
+    rows: dict[str, list[int]] = {}
+    for task in tasks:
+        row = rows.setdefault(task.task_type, [0, 0, 0, 0])
+        row[0] += 1
+        row[1] += task.status is TaskStatus.COMPLETED
+        row[2] += task.status is TaskStatus.FAILED
+        row[3] += max(0, task.attempts - 1)
+    rows["total"] = [sum(r[i] for r in rows.values()) for i in range(4)]
+    return tasks, rows
+
+
+def test_demo_runs_every_handler_and_its_summary_matches_the_database(cli, url):
+    output = _ok(cli("--url", url, "demo", "--tasks", "12", timeout=120))
+
+    run, printed = _demo_run(output)
+    tasks, stored = _stored_run(url, run)
+    assert len(tasks) == 12
+    assert printed == stored
+    assert set(printed) == {*TASK_TYPES, "total"}
+    # Everything finished; only the bad record is a dead letter; flaky fetches retried.
+    assert printed["total"][1:3] == [11, 1]
+    (dead,) = [t for t in tasks if t.status is TaskStatus.FAILED]
+    assert dead.task_type == "demo.validate"
+    assert dead.params["record"]["email"] == BAD_RECORD_EMAIL
+    assert dead.attempts == 1
+    assert printed["demo.fetch"][3] >= 1
+    assert f"taskmill --url {url} retry {dead.id[:8]}" in output
+    assert "12/12 done" in output
+
+
+def test_demo_run_twice_on_one_database_counts_only_its_own_tasks(cli, url):
+    first, _ = _demo_run(_ok(cli("--url", url, "demo", "--tasks", "5", timeout=120)))
+    output = _ok(cli("--url", url, "demo", "--tasks", "5", "--concurrency", "3", timeout=120))
+    second, printed = _demo_run(output)
+
+    assert second != first
+    _, stored = _stored_run(url, second)
+    assert printed == stored
+    assert printed["total"][0] == 5
+    total = _stored(url, lambda tm: tm.progress_summary())
+    assert (total.total, total.pending, total.running) == (10, 0, 0)
+
+
+def test_demo_honours_taskmill_url_from_the_environment(cli, url, tmp_path):
+    output = _ok(cli("demo", "--tasks", "3", TASKMILL_URL=url, timeout=120))
+    run, printed = _demo_run(output)
+    assert printed["total"][0] == 3
+    assert not (tmp_path / "taskmill.db").exists()
+    assert len(_stored_run(url, run)[0]) == 3
+
+
+def test_the_module_runs_as_python_dash_m(tmp_path):
+    process = subprocess.run(
+        [sys.executable, "-m", "taskmill.cli", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(tmp_path),
+        check=False,
+    )
+    assert process.returncode == 0
+    for command in (
+        "demo",
+        "worker",
+        "enqueue",
+        "ls",
+        "show",
+        "retry",
+        "cleanup",
+        "migrate",
+        "stats",
+    ):
+        assert command in process.stdout
