@@ -2,7 +2,7 @@
 
 from taskmill.app import Taskmill
 from taskmill.backoff import RetryPolicy
-from taskmill.context import Context
+from taskmill.context import Context, Deferred
 from taskmill.errors import (
     BackendNotInstalled,
     Cancelled,
@@ -23,25 +23,32 @@ from taskmill.model import (
     Attempt,
     AttemptOutcome,
     CancelReason,
+    EventKind,
     Priority,
     Progress,
     ProgressSummary,
+    SuspensionScope,
     Task,
+    TaskEvent,
     TaskFilter,
     TaskSpec,
     TaskStatus,
 )
+from taskmill.operations import AppTasks
 from taskmill.registry import Handler, HandlerRegistry
 from taskmill.storage import TaskStorage
 from taskmill.worker import Worker
 
 __all__ = [
+    "AppTasks",
     "Attempt",
     "AttemptOutcome",
     "BackendNotInstalled",
     "CancelReason",
     "Cancelled",
     "Context",
+    "Deferred",
+    "EventKind",
     "Fail",
     "Handler",
     "HandlerConflict",
@@ -57,7 +64,9 @@ __all__ = [
     "RetryPolicy",
     "SchemaVersionError",
     "StorageUnavailable",
+    "SuspensionScope",
     "Task",
+    "TaskEvent",
     "TaskFilter",
     "TaskNotFound",
     "TaskSpec",

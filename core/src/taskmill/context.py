@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Awaitable, Callable, Generator
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from typing import Any, Generic, TypeAlias, TypeVar
 
-from taskmill.errors import Cancelled, InvalidParams
+from taskmill.errors import Cancelled, InvalidParams, TaskmillError
 from taskmill.model import JSON, CancelReason, Progress, Task
 from taskmill.serialization import dumps, is_finite_number
+
+T = TypeVar("T")
+Spawner: TypeAlias = Callable[
+    [Task, str, "dict[str, JSON] | None", dict[str, Any]], Coroutine[Any, Any, Task]
+]
 
 
 class _Done:
@@ -29,6 +35,45 @@ class _Done:
 _DONE = _Done()
 
 
+class Deferred(Generic[T]):
+    """The result of :meth:`Context.spawn`: await it in an async handler, or call
+    :meth:`result` in a threaded one (where the work has already been done)."""
+
+    __slots__ = ("_coroutine", "_value")
+
+    def __init__(
+        self, *, coroutine: Coroutine[Any, Any, T] | None = None, value: T | None = None
+    ) -> None:
+        self._coroutine = coroutine
+        self._value = value
+
+    def __await__(self) -> Generator[Any, None, T]:
+        if self._coroutine is not None:
+            return self._coroutine.__await__()
+        return self._ready().__await__()
+
+    async def _ready(self) -> T:
+        return self.result()
+
+    def result(self) -> T:
+        """The value, in a threaded handler.
+
+        :raises TaskmillError: called in an async handler (await it instead).
+        """
+        if self._coroutine is not None:
+            self._coroutine.close()
+            raise TaskmillError("in an async handler, await ctx.spawn(...) instead")
+        assert self._value is not None
+        return self._value
+
+
+def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
 class Context:
     """The running handler's view of its task.
 
@@ -38,13 +83,25 @@ class Context:
     the final outcome), so calling ``progress`` in a tight loop costs no I/O.
     """
 
-    def __init__(self, task: Task, *, on_cancel: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        task: Task,
+        *,
+        on_cancel: Callable[[], None] | None = None,
+        spawner: Spawner | None = None,
+    ) -> None:
         self._task = task
+        self._spawner = spawner
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
         self._lock = threading.Lock()
         self._progress = task.progress
         self._data: dict[str, JSON] = dict(task.data)
         self._progress_dirty = False
         self._data_dirty = False
+        self._touched = False  # progress or data reported at all during this attempt
         self._cancel_reason: CancelReason | None = None
         self._timed_out = False
         self._on_cancel = on_cancel
@@ -93,12 +150,10 @@ class Context:
         with self._lock:
             if total is None:
                 total = self._progress.total
-            elif not isinstance(total, int | float) or not is_finite_number(total) or (
-                total <= 0
-            ):
+            elif not isinstance(total, int | float) or not is_finite_number(total) or (total <= 0):
                 raise ValueError(f"progress total must be a number > 0, got {total!r}")
             self._progress = Progress(done=done, total=total, message=message)
-            self._progress_dirty = True
+            self._progress_dirty = self._touched = True
         return _DONE
 
     def set_data(self, **values: JSON) -> Awaitable[None]:
@@ -112,8 +167,27 @@ class Context:
             raise InvalidParams(f"task data must be JSON-serializable: {exc}") from None
         with self._lock:
             self._data.update(values)
-            self._data_dirty = True
+            self._data_dirty = self._touched = True
         return _DONE
+
+    def spawn(
+        self, task_type: str, params: dict[str, JSON] | None = None, **enqueue_options: Any
+    ) -> Deferred[Task]:
+        """Enqueue a child of this task (``parent_id`` set; ``app_id`` defaults to this
+        task's). Takes :meth:`Taskmill.enqueue`'s options.
+
+        In an ``async def`` handler: ``child = await ctx.spawn(...)``. In a plain
+        ``def`` handler (a worker thread): ``child = ctx.spawn(...).result()``, which
+        blocks until the child is stored.
+        """
+        spawner = self._spawner
+        if spawner is None:
+            raise TaskmillError("ctx.spawn works only inside a handler run by a worker")
+        coroutine = spawner(self._task, task_type, params, enqueue_options)
+        loop = self._loop
+        if loop is not None and not _on_loop_thread(loop):
+            return Deferred(value=asyncio.run_coroutine_threadsafe(coroutine, loop).result())
+        return Deferred(coroutine=coroutine)
 
     # -- used by the worker -------------------------------------------------------
 
@@ -138,6 +212,8 @@ class Context:
 
     def _final_state(self) -> tuple[Progress | None, dict[str, JSON] | None]:
         """Everything the handler changed over the attempt (for the finish write)."""
+        if not self._touched:  # most handlers report nothing: skip the lock and compare
+            return None, None
         with self._lock:
             progress = self._progress if self._progress != self._task.progress else None
             data = dict(self._data) if self._data != self._task.data else None

@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("taskmill.worker")
 
 _NULL = dumps(None)
+_HIGH_PRIORITY = int(Priority.USER_ACTION)  # an int compares faster than the enum member
 _FAILURES = frozenset({FinishKind.RETRY, FinishKind.FAIL})
 
 
@@ -76,9 +77,7 @@ def _cancel_soon(future: asyncio.Future[None]) -> None:
         future.get_loop().call_soon_threadsafe(future.cancel)
 
 
-def _run_in_thread(
-    loop: asyncio.AbstractEventLoop, call: Callable[[], Any]
-) -> asyncio.Future[Any]:
+def _run_in_thread(loop: asyncio.AbstractEventLoop, call: Callable[[], Any]) -> asyncio.Future[Any]:
     """Run a sync handler on a thread of its own.
 
     Not a bounded pool: a handler that overruns its timeout keeps its thread (threads
@@ -135,6 +134,10 @@ class Worker:
         retry_policy: RetryPolicy | None = None,
         handle_signals: bool = True,
         idle_horizon: float = 60.0,
+        cancel_check_interval: float = 0.5,
+        event_retention: timedelta = timedelta(minutes=10),
+        cleanup_older_than: timedelta | None = None,
+        cleanup_interval: float = 300.0,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -156,6 +159,11 @@ class Worker:
         self.retry_policy = retry_policy or RetryPolicy()
         self.handle_signals = handle_signals
         self.idle_horizon = idle_horizon
+        self.cancel_check_interval = cancel_check_interval
+        self.event_retention = event_retention
+        self.cleanup_older_than = cleanup_older_than
+        self.cleanup_interval = cleanup_interval
+        self._last_cleanup = float("-inf")
 
         self._running: dict[str, _Execution] = {}
         self._running_normal = 0
@@ -205,9 +213,12 @@ class Worker:
         and return how many tasks were run. For a loop the caller owns; also rescues
         expired leases when ``rescue_interval`` has passed."""
         self._prepare()
-        duties = [asyncio.create_task(self._renew_leases_loop()),
-                  asyncio.create_task(self._save_progress_loop()),
-                  asyncio.create_task(self._flush_loop())]
+        duties = [
+            asyncio.create_task(self._renew_leases_loop()),
+            asyncio.create_task(self._watch_leases_loop()),
+            asyncio.create_task(self._save_progress_loop()),
+            asyncio.create_task(self._flush_loop()),
+        ]
         try:
             if time.monotonic() - self._last_rescue >= self.rescue_interval:
                 await self._rescue_once()
@@ -267,6 +278,7 @@ class Worker:
         self._background = [
             asyncio.create_task(self._flush_loop(), name="taskmill-flush"),
             asyncio.create_task(self._renew_leases_loop(), name="taskmill-leases"),
+            asyncio.create_task(self._watch_leases_loop(), name="taskmill-watch"),
             asyncio.create_task(self._save_progress_loop(), name="taskmill-progress"),
             asyncio.create_task(self._rescue_loop(), name="taskmill-rescue"),
         ]
@@ -300,7 +312,11 @@ class Worker:
             if claimed and has_free and not drained:
                 continue  # a full batch came back: there may be more
             timeout: float | None = poll if has_free else None
-            if until_idle and drained and not self._running and not self._finishes:
+            # Only a claim that found nothing can mean idle: asking the store when work
+            # is next due is a query of its own (on SQLite a scan of pending tasks).
+            if until_idle and drained and not claimed and not self._running and (
+                not self._finishes
+            ):
                 await self._flush_all()
                 due_in = await self._seconds_until_due()
                 if due_in is None or due_in > self.idle_horizon:
@@ -339,7 +355,7 @@ class Worker:
             return 0, False
         general = self.concurrency - self.reserved_high_priority_slots
         claimed = 0
-        for min_priority in (None, int(Priority.USER_ACTION)):
+        for min_priority in (None, _HIGH_PRIORITY):
             free = self.concurrency - len(self._running)
             if min_priority is None:
                 free = min(free, general - self._running_normal)
@@ -370,25 +386,31 @@ class Worker:
         now = task.started_at or utcnow()
         if handler is None:  # unregistered since the claim: give it back untouched
             self._queue_finish(
-                Finish(lease=lease, kind=FinishKind.RELEASE,
-                       outcome=AttemptOutcome.INTERRUPTED, started_at=now,
-                       finished_at=utcnow(), error="no handler in this worker"),
+                Finish(
+                    lease=lease,
+                    kind=FinishKind.RELEASE,
+                    outcome=AttemptOutcome.INTERRUPTED,
+                    started_at=now,
+                    finished_at=utcnow(),
+                    error="no handler in this worker",
+                ),
                 None,
             )
             return
+        key = handler.key
         execution = _Execution(
             task=task,
             handler=handler,
-            key=handler.key,
+            key=key,
             lease=lease,
-            ctx=Context(task),
+            ctx=Context(task, spawner=self._tm._spawn_child),
             started_at=now,
-            high=task.priority >= Priority.USER_ACTION,
+            high=task.priority >= _HIGH_PRIORITY,
         )
         self._running[task.id] = execution
         if not execution.high:
             self._running_normal += 1
-        self._per_key[handler.key] = self._per_key.get(handler.key, 0) + 1
+        self._per_key[key] = self._per_key.get(key, 0) + 1
         future = execution.future = asyncio.create_task(self._execute(execution))
         if handler.is_async:
             # Bound to the future, not the execution: no reference cycle outlives the
@@ -444,7 +466,10 @@ class Worker:
                 error = f"handler result is not JSON-serializable: {exc}"
         except Retry as exc:
             kind, outcome, error, retry_delay = (
-                FinishKind.RETRY, AttemptOutcome.FAILED, str(exc), exc.delay
+                FinishKind.RETRY,
+                AttemptOutcome.FAILED,
+                str(exc),
+                exc.delay,
             )
         except Fail as exc:
             kind, outcome, error = FinishKind.FAIL, AttemptOutcome.FAILED, str(exc)
@@ -471,8 +496,13 @@ class Worker:
             kind, outcome = FinishKind.RETRY, AttemptOutcome.TIMED_OUT
             error = f"timed out after {timeout} s" if timeout else f"TimeoutError: {exc}"
         except Exception as exc:
-            log.warning("task %s (%s) attempt %d failed", task.id, task.task_type,
-                        task.attempts, exc_info=True)
+            log.warning(
+                "task %s (%s) attempt %d failed",
+                task.id,
+                task.task_type,
+                task.attempts,
+                exc_info=True,
+            )
             kind, outcome = FinishKind.RETRY, AttemptOutcome.FAILED
             error = f"{type(exc).__name__}: {exc}"
         interrupted = ctx.cancel_reason
@@ -537,8 +567,7 @@ class Worker:
                         len(batch),
                     )
                     break
-                log.exception("writing %d outcomes failed; retrying in %.2f s",
-                              len(batch), delay)
+                log.exception("writing %d outcomes failed; retrying in %.2f s", len(batch), delay)
                 self._finishes[:0] = batch
                 await asyncio.sleep(delay)
                 delay = min(5.0, delay * 2)
@@ -547,9 +576,17 @@ class Worker:
             self.processed += len(batch)
             for (finish, claimed), stored in zip(batch, results, strict=True):
                 if stored is None:
-                    log.info("task %s: lease lost before its outcome was written; the "
-                             "store kept the other writer's state", finish.lease.task_id)
-                await self._tm._after_finish(finish, stored, claimed)
+                    log.info(
+                        "task %s: lease lost before its outcome was written; the "
+                        "store kept the other writer's state",
+                        finish.lease.task_id,
+                    )
+                try:
+                    await self._tm._after_finish(finish, stored, claimed)
+                except Exception:
+                    log.exception(
+                        "after-finish notification for task %s failed", finish.lease.task_id
+                    )
         self._flushed.set()
         if self._wake is not None:
             self._wake.set()
@@ -585,13 +622,36 @@ class Worker:
             except Exception:
                 log.exception("renewing %d leases failed", len(leases))
                 continue
-            for execution in list(self._running.values()):
-                task_id = execution.task.id
-                if task_id not in held and not execution.abandoned:
-                    await self._lease_lost(execution)
-                elif held.get(task_id) is not None:
-                    reason = held[task_id]
-                    assert reason is not None
+            await self._apply_lease_state(leases, held)
+
+    async def _watch_leases_loop(self) -> None:
+        """Learn of cancellations and suspensions of running tasks within
+        ``cancel_check_interval``, whichever process asked for them."""
+        while True:
+            await asyncio.sleep(self.cancel_check_interval)
+            leases = [e.lease for e in self._running.values() if not e.abandoned]
+            if not leases:
+                continue
+            try:
+                held = await self._tm.storage.watch_leases(leases)
+            except Exception:
+                log.exception("checking %d leases failed", len(leases))
+                continue
+            await self._apply_lease_state(leases, held)
+
+    async def _apply_lease_state(
+        self, asked: list[Lease], held: dict[str, CancelReason | None]
+    ) -> None:
+        # Only the leases asked about: tasks claimed meanwhile are not in ``held``.
+        for lease in asked:
+            execution = self._running.get(lease.task_id)
+            if execution is None or execution.lease != lease or execution.abandoned:
+                continue
+            if lease.task_id not in held:
+                await self._lease_lost(execution)
+            else:
+                reason = held[lease.task_id]
+                if reason is not None:
                     execution.ctx._interrupt(reason)
 
     async def _lease_lost(self, execution: _Execution) -> None:
@@ -599,11 +659,12 @@ class Worker:
         worker stalled): stop the handler and never write its outcome."""
         execution.abandoned = True
         current = await self._tm.storage.get(execution.task.id)
-        reason = (current.cancel_reason if current is not None else None) or (
-            CancelReason.USER
+        reason = (current.cancel_reason if current is not None else None) or (CancelReason.USER)
+        log.warning(
+            "task %s: lease lost (%s); stopping its handler",
+            execution.task.id,
+            current.status.value if current else "deleted",
         )
-        log.warning("task %s: lease lost (%s); stopping its handler",
-                    execution.task.id, current.status.value if current else "deleted")
         execution.ctx._interrupt(reason)
 
     async def _save_progress_loop(self) -> None:
@@ -622,21 +683,38 @@ class Worker:
                 except Exception:
                     log.exception("saving progress of %d tasks failed", len(updates))
 
+    async def _housekeeping_once(self) -> None:
+        """Rescue expired leases, prune the event log, and run the periodic cleanup."""
+        await self._rescue_once()
+        storage = self._tm.storage
+        await storage.prune_events(self.event_retention)
+        now = time.monotonic()
+        if self.cleanup_older_than is not None and now - self._last_cleanup >= (
+            self.cleanup_interval
+        ):
+            self._last_cleanup = now
+            deleted = await storage.cleanup(self.cleanup_older_than)
+            if deleted:
+                log.info("cleanup deleted %d finished tasks", deleted)
+
     async def _rescue_once(self) -> None:
         self._last_rescue = time.monotonic()
         rescued = await self._tm.storage.rescue_expired()
         if rescued:
-            log.warning("rescued %d tasks whose worker lost its lease: %s",
-                        len(rescued), ", ".join(t.id for t in rescued[:10]))
+            log.warning(
+                "rescued %d tasks whose worker lost its lease: %s",
+                len(rescued),
+                ", ".join(t.id for t in rescued[:10]),
+            )
             if self._wake is not None:
                 self._wake.set()
 
     async def _rescue_loop(self) -> None:
         while True:
             try:
-                await self._rescue_once()
+                await self._housekeeping_once()
             except Exception:
-                log.exception("rescuing expired leases failed")
+                log.exception("housekeeping (rescue, event pruning, cleanup) failed")
             await asyncio.sleep(self.rescue_interval)
 
     # -- shutdown -----------------------------------------------------------------------
@@ -644,8 +722,11 @@ class Worker:
     async def _shutdown(self) -> None:
         started = time.monotonic()
         if self._running:
-            log.info("stopping: waiting up to %.1f s for %d running tasks",
-                     self._current_grace(), len(self._running))
+            log.info(
+                "stopping: waiting up to %.1f s for %d running tasks",
+                self._current_grace(),
+                len(self._running),
+            )
         while self._running:
             # Re-read the grace each round: a second signal shortens it to zero.
             remaining = started + self._current_grace() - time.monotonic()
@@ -657,20 +738,26 @@ class Worker:
         for execution in leftover:
             execution.ctx._interrupt(CancelReason.SHUTDOWN)
         if leftover:
-            log.warning("stopping: interrupting %d tasks still running; they go back to "
-                        "pending without spending an attempt", len(leftover))
-            waiting = [e.future for e in leftover if e.future is not None
-                       and e.handler.is_async]
+            log.warning(
+                "stopping: interrupting %d tasks still running; they go back to "
+                "pending without spending an attempt",
+                len(leftover),
+            )
+            waiting = [e.future for e in leftover if e.future is not None and e.handler.is_async]
             if waiting:
                 await asyncio.wait(waiting, timeout=1.0)
             for execution in list(self._running.values()):
                 # A thread cannot be killed: give its task back and ignore its outcome.
                 execution.abandoned = True
                 self._queue_finish(
-                    Finish(lease=execution.lease, kind=FinishKind.RELEASE,
-                           outcome=AttemptOutcome.INTERRUPTED,
-                           started_at=execution.started_at, finished_at=utcnow(),
-                           error="cancelled (shutdown)"),
+                    Finish(
+                        lease=execution.lease,
+                        kind=FinishKind.RELEASE,
+                        outcome=AttemptOutcome.INTERRUPTED,
+                        started_at=execution.started_at,
+                        finished_at=utcnow(),
+                        error="cancelled (shutdown)",
+                    ),
                     execution.task,
                 )
                 self._free_slot(execution)
@@ -706,8 +793,9 @@ class Worker:
     def _on_signal(self, sig: signal.Signals) -> None:
         self._signals += 1
         grace = None if self._signals == 1 else 0.0
-        log.warning("%s received: %s", sig.name,
-                    "stopping gracefully" if grace is None else "stopping now")
+        log.warning(
+            "%s received: %s", sig.name, "stopping gracefully" if grace is None else "stopping now"
+        )
         self._stopping = True
         if grace is not None:
             self._grace = grace

@@ -1,0 +1,412 @@
+"""Task operations: what an application does with tasks, host-wide or bound to one app.
+
+:class:`TaskOperations` holds every operation once. ``Taskmill`` is the host-wide one;
+``tm.for_app(app_id)`` returns an :class:`AppTasks` bound to one app, which stamps that
+``app_id`` on what it creates and sees or touches nothing of another app's tasks (a
+foreign task id behaves exactly like an unknown one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterable, Mapping
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from taskmill.errors import InvalidTaskSpec, TaskmillError, TaskNotFound, WaitTimeout
+from taskmill.model import (
+    ACTIVE_STATUSES,
+    Attempt,
+    CancelReason,
+    Priority,
+    ProgressSummary,
+    SuspensionScope,
+    Task,
+    TaskEvent,
+    TaskFilter,
+    TaskSpec,
+)
+from taskmill.serialization import encode_params
+from taskmill.storage import NewTask, utcnow
+
+if TYPE_CHECKING:
+    from taskmill.app import Taskmill
+
+TaskSpecLike = TaskSpec | Mapping[str, Any]
+
+
+def event_matches(filter: TaskFilter | None, event: TaskEvent) -> bool:
+    """True when ``event`` is selected by ``filter``; statuses match the status the
+    change produced, the other fields match the task."""
+    if filter is None:
+        return True
+    if filter.statuses is not None:
+        if event.status not in filter.statuses:
+            return False
+        filter = attrs.evolve(filter, statuses=None)
+    return filter.matches(event.task)
+
+
+class TaskOperations:
+    """Every task operation, optionally bound to one app (``app_id``)."""
+
+    def __init__(self, host: Taskmill, app_id: str | None) -> None:
+        self._host = host
+        self._app_id = app_id
+
+    @property
+    def app_id(self) -> str | None:
+        """The app these operations are bound to (None: the host, every app)."""
+        return self._app_id
+
+    # -- scoping -------------------------------------------------------------------
+
+    def _visible(self, task: Task | None) -> Task | None:
+        if task is None or (self._app_id is not None and task.app_id != self._app_id):
+            return None
+        return task
+
+    def _scoped(self, filter: TaskFilter | None) -> TaskFilter:
+        filter = filter or TaskFilter()
+        if self._app_id is not None and filter.app_id != self._app_id:
+            filter = attrs.evolve(filter, app_id=self._app_id)
+        return filter
+
+    def _stamped(self, spec: TaskSpec) -> TaskSpec:
+        if self._app_id is None or spec.app_id == self._app_id:
+            return spec
+        if spec.app_id is not None:
+            raise InvalidTaskSpec(
+                f"these operations are bound to app {self._app_id!r} and cannot create "
+                f"tasks of app {spec.app_id!r}"
+            )
+        return attrs.evolve(spec, app_id=self._app_id)
+
+    async def _require(self, task_id: str) -> Task:
+        task = self._visible(await self._host.storage.get(task_id))
+        if task is None:
+            raise TaskNotFound(f"no task {task_id}")
+        return task
+
+    def _scope(self, task_type: str | None, app_id: str | None) -> SuspensionScope:
+        if self._app_id is not None:
+            if app_id not in (None, self._app_id):
+                raise InvalidTaskSpec(f"these operations are bound to app {self._app_id!r}")
+            app_id = self._app_id
+        return SuspensionScope(task_type=task_type, app_id=app_id)
+
+    # -- enqueueing --------------------------------------------------------------------
+
+    def _new_task(self, spec: TaskSpec) -> NewTask:
+        host = self._host
+        params = {} if spec.params is None else spec.params
+        params_json = encode_params(params, max_bytes=host.max_params_bytes)
+        if spec.run_at is not None and spec.delay is not None:
+            raise InvalidTaskSpec("give run_at or delay, not both")
+        run_at = spec.run_at
+        if spec.delay is not None:
+            delay = (
+                spec.delay if isinstance(spec.delay, timedelta) else timedelta(seconds=spec.delay)
+            )
+            run_at = utcnow() + delay
+        max_retries = spec.max_retries
+        if max_retries is None:
+            handler = host.registry.lookup(spec.app_id, spec.task_type)
+            max_retries = handler.max_retries if handler is not None else None
+        if max_retries is None:
+            max_retries = host.default_max_retries
+        if max_retries < 0:
+            raise InvalidTaskSpec(f"max_retries must be >= 0, got {max_retries}")
+        if not isinstance(spec.priority, int):
+            raise InvalidTaskSpec(f"priority must be an int, got {spec.priority!r}")
+        if not spec.task_type or not isinstance(spec.task_type, str):
+            raise InvalidTaskSpec("task_type must be a non-empty string")
+        return NewTask(
+            id=str(uuid.uuid4()),
+            task_type=spec.task_type,
+            params=params,
+            params_json=params_json,
+            app_id=spec.app_id,
+            priority=int(spec.priority),
+            max_retries=max_retries,
+            run_at=run_at,
+            dedupe_key=spec.dedupe_key,
+            parent_id=spec.parent_id,
+            user_id=spec.user_id,
+        )
+
+    async def enqueue(
+        self,
+        task_type: str,
+        params: dict[str, Any] | None = None,
+        *,
+        app_id: str | None = None,
+        priority: int = Priority.NORMAL,
+        dedupe_key: str | None = None,
+        run_at: Any = None,
+        delay: timedelta | float | None = None,
+        parent_id: str | None = None,
+        max_retries: int | None = None,
+        user_id: str | None = None,
+    ) -> Task:
+        """Store a new task and return its snapshot.
+
+        With a ``dedupe_key`` held by an active task of the same ``(app_id, task_type)``
+        the new task is an alias of it (``alias_of``) and takes its outcome.
+
+        :raises InvalidParams: params is not a JSON object or is too large.
+        :raises InvalidTaskSpec: the options are inconsistent (run_at with delay, a
+            naive run_at, a negative max_retries, ...).
+        """
+        try:
+            spec = TaskSpec(
+                task_type=task_type,
+                params=params,
+                app_id=app_id,
+                priority=priority,
+                dedupe_key=dedupe_key,
+                run_at=run_at,
+                delay=delay,
+                parent_id=parent_id,
+                max_retries=max_retries,
+                user_id=user_id,
+            )
+        except ValueError as exc:
+            raise InvalidTaskSpec(str(exc)) from None
+        (task,) = await self._enqueue_specs([spec])
+        return task
+
+    async def enqueue_many(self, specs: Iterable[TaskSpecLike]) -> list[Task]:
+        """Store many tasks in one storage call (all or none).
+
+        A spec is a :class:`TaskSpec` or a dict of :meth:`enqueue`'s arguments.
+
+        :raises InvalidParams: any spec's params is invalid; nothing is stored then.
+        """
+        return await self._enqueue_specs([TaskSpec.from_value(s) for s in specs])
+
+    async def _enqueue_specs(self, specs: list[TaskSpec]) -> list[Task]:
+        self._host._check_open()
+        if not specs:
+            return []
+        specs = [self._stamped(spec) for spec in specs]
+        if self._app_id is not None:
+            for parent_id in {s.parent_id for s in specs if s.parent_id is not None}:
+                await self._require(parent_id)
+        new_tasks = [self._new_task(spec) for spec in specs]
+        tasks = await self._host.storage.enqueue(new_tasks)
+        self._host._notify_workers()
+        await self._host._tasks_enqueued(tasks)
+        return tasks
+
+    async def batch_children(self, parent_id: str, specs: Iterable[TaskSpecLike]) -> list[Task]:
+        """Enqueue ``specs`` as children of ``parent_id`` in one call (all or none).
+
+        Children default to their parent's ``app_id``. Cancelling the parent with
+        ``cascade=True`` cancels them; ``progress_summary(TaskFilter(parent_id=...))``
+        aggregates them.
+
+        :raises TaskNotFound: no such parent (for an app-bound client: not its task).
+        """
+        self._host._check_open()
+        parent = await self._require(parent_id)
+        children = []
+        for value in specs:
+            spec = TaskSpec.from_value(value)
+            if spec.parent_id not in (None, parent_id):
+                raise InvalidTaskSpec(f"a child of {parent_id} cannot name another parent")
+            changes: dict[str, Any] = {"parent_id": parent_id}
+            if spec.app_id is None:
+                changes["app_id"] = parent.app_id
+            children.append(attrs.evolve(spec, **changes))
+        return await self._enqueue_specs(children)
+
+    # -- reading -----------------------------------------------------------------------
+
+    async def get(self, task_id: str) -> Task | None:
+        """The task's current snapshot, or None."""
+        self._host._check_open()
+        return self._visible(await self._host.storage.get(task_id))
+
+    async def query(
+        self,
+        filter: TaskFilter | None = None,
+        *,
+        limit: int = 100,
+        offset: int = 0,
+        newest_first: bool = False,
+    ) -> list[Task]:
+        """Tasks matching ``filter``, oldest first (or newest first)."""
+        self._host._check_open()
+        return await self._host.storage.query(
+            self._scoped(filter), limit=limit, offset=offset, newest_first=newest_first
+        )
+
+    async def wait(self, task_id: str, *, timeout: float | None = None) -> Task:
+        """Return the task once it is COMPLETED, FAILED or CANCELLED.
+
+        :raises TaskNotFound: no such task.
+        :raises WaitTimeout: still active after ``timeout`` seconds.
+        """
+        self._host._check_open()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.005
+        while True:
+            task = await self._require(task_id)
+            if task.status.terminal:
+                return task
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"task {task_id} is still {task.status.value} after {timeout} s")
+            pause = delay if deadline is None else min(delay, deadline - time.monotonic())
+            await asyncio.sleep(max(0.0, pause))
+            delay = min(0.25, delay * 1.5)
+
+    async def attempts(self, task_id: str) -> list[Attempt]:
+        """The task's execution log, one row per attempt, oldest first (empty for an
+        unknown or foreign id)."""
+        self._host._check_open()
+        if self._app_id is not None and await self.get(task_id) is None:
+            return []
+        return await self._host.storage.attempts(task_id)
+
+    async def progress_summary(self, filter: TaskFilter | None = None) -> ProgressSummary:
+        """Counts by status (and the share finished) of the tasks ``filter`` selects,
+        computed by the store."""
+        self._host._check_open()
+        return await self._host.storage.summary(self._scoped(filter))
+
+    async def events(
+        self,
+        filter: TaskFilter | None = None,
+        *,
+        poll_interval: float = 0.1,
+    ) -> AsyncIterator[TaskEvent]:
+        """Every change to the selected tasks from now on, from every process sharing
+        the store: an endless async iterator (break out of it to stop).
+
+        Delivery is at least once from the moment of subscription and in order per
+        task (in fact in commit order overall). ``event.task`` is the snapshot when the
+        event is read; ``event.status`` is the status the change produced. The store
+        is polled, starting at 10 ms after activity and backing off to
+        ``poll_interval``. A subscriber that falls behind by more than the workers'
+        ``event_retention`` misses the pruned events.
+        """
+        self._host._check_open()
+        filter = self._scoped(filter) if (filter or self._app_id) else None
+        storage = self._host.storage
+        _, cursor = await storage.read_events(None)
+        delay = 0.01
+        while True:
+            batch, next_cursor = await storage.read_events(cursor)
+            for event in batch:
+                if event_matches(filter, event):
+                    yield event
+            if next_cursor == cursor:
+                await asyncio.sleep(delay)
+                delay = min(poll_interval, delay * 2)
+            else:
+                delay = 0.01
+            cursor = next_cursor
+
+    # -- managing ----------------------------------------------------------------------
+
+    async def retry(self, task_id: str) -> Task:
+        """Put a FAILED or CANCELLED task back to PENDING with a fresh attempt budget.
+
+        :raises TaskNotFound: no such task.
+        :raises InvalidTransition: the task is not FAILED or CANCELLED.
+        """
+        self._host._check_open()
+        await self._require(task_id)
+        task = await self._host.storage.retry(task_id)
+        self._host._notify_workers()
+        return task
+
+    async def cancel(
+        self, task_id: str, *, reason: CancelReason = CancelReason.USER, cascade: bool = True
+    ) -> Task:
+        """Cancel a task and return its snapshot afterwards.
+
+        USER and PREEMPTED end it (CANCELLED) at once, wherever it is; a running
+        handler is interrupted (at its next ``await``, or when it checks
+        ``ctx.cancelled``) within about a second, even in another process. SUSPENDED and
+        SHUTDOWN send a running task back to PENDING without spending an attempt.
+        ``cascade`` also cancels its descendants; aliases always follow their leader. A
+        finished task is returned unchanged.
+
+        :raises TaskNotFound: no such task.
+        """
+        self._host._check_open()
+        await self._require(task_id)
+        changed = await self._host.storage.cancel(
+            task_ids=[task_id], reason=reason, cascade=cascade
+        )
+        await self._host._tasks_cancelled(changed)
+        return await self._require(task_id)
+
+    async def cancel_by_filter(
+        self,
+        filter: TaskFilter,
+        *,
+        reason: CancelReason = CancelReason.USER,
+        cascade: bool = True,
+    ) -> int:
+        """Cancel every active task ``filter`` selects; returns how many tasks changed
+        (cascaded children and aliases included)."""
+        self._host._check_open()
+        scoped = attrs.evolve(self._scoped(filter), statuses=tuple(ACTIVE_STATUSES))
+        changed = await self._host.storage.cancel(filter=scoped, reason=reason, cascade=cascade)
+        await self._host._tasks_cancelled(changed)
+        return len(changed)
+
+    async def preempt(
+        self, task_type: str, *, app_id: str | None = None, dedupe_key: str | None = None
+    ) -> int:
+        """Cancel the active tasks of ``task_type`` (of ``app_id``; with ``dedupe_key``
+        only those) with reason PREEMPTED: a newer request made them obsolete.
+        Returns how many tasks changed."""
+        scope = self._scope(task_type, app_id)
+        return await self.cancel_by_filter(
+            TaskFilter(task_types=(task_type,), app_id=scope.app_id, dedupe_key=dedupe_key),
+            reason=CancelReason.PREEMPTED,
+        )
+
+    async def suspend(self, task_type: str | None = None, *, app_id: str | None = None) -> int:
+        """Stop claiming tasks of this scope on every worker (all tasks when both are
+        None), and send its running tasks back to PENDING without spending an attempt.
+        Stored, so it holds across processes and restarts until :meth:`resume`.
+        Returns how many running tasks were interrupted."""
+        self._host._check_open()
+        return await self._host.storage.suspend(self._scope(task_type, app_id))
+
+    async def resume(self, task_type: str | None = None, *, app_id: str | None = None) -> bool:
+        """Lift exactly the suspension ``suspend(task_type, app_id=...)`` stored.
+        Returns whether there was one."""
+        self._host._check_open()
+        resumed = await self._host.storage.resume(self._scope(task_type, app_id))
+        self._host._notify_workers()
+        return resumed
+
+    async def suspensions(self) -> list[SuspensionScope]:
+        """The stored suspensions (for an app-bound client: those of its app)."""
+        self._host._check_open()
+        scopes = await self._host.storage.suspensions()
+        if self._app_id is None:
+            return scopes
+        return [s for s in scopes if s.app_id == self._app_id]
+
+
+class AppTasks(TaskOperations):
+    """Task operations bound to one app: see :meth:`Taskmill.for_app`."""
+
+    def __init__(self, host: Taskmill, app_id: str) -> None:
+        if not app_id or not isinstance(app_id, str):
+            raise TaskmillError("an app id is a non-empty string")
+        super().__init__(host, app_id)
+
+    def __repr__(self) -> str:
+        return f"AppTasks(app_id={self._app_id!r}, url={self._host.url!r})"
