@@ -192,3 +192,104 @@ async def test_a_second_signal_stops_at_once(cluster: Cluster):
         wait_exit(proc, 30)
         back = await tm.get(task.id)
         assert back is not None and back.status is TaskStatus.PENDING
+
+
+async def test_a_cancel_from_this_process_stops_a_handler_in_another(cluster: Cluster):
+    async with Taskmill(cluster.url, plugins=False) as tm:
+        task = await tm.enqueue("steps", {"steps": 600})
+        proc = cluster.start()
+        await lines_appear(cluster, "started", 1, timeout=30)
+        began = time.monotonic()
+        await tm.cancel(task.id)
+        await lines_appear(cluster, "stopped", 1, timeout=10)
+        reaction = time.monotonic() - began
+        proc.send_signal(signal.SIGTERM)
+        wait_exit(proc, 30)
+        done = await tm.get(task.id)
+        assert done is not None and done.status is TaskStatus.CANCELLED
+        assert cluster.lines("ran") == []
+        assert reaction < 3, f"the handler stopped {reaction:.2f} s after the cancel"
+        (attempt,) = await tm.attempts(task.id)
+        assert attempt.outcome is AttemptOutcome.CANCELLED
+
+
+async def test_a_suspension_stored_here_is_honoured_by_a_worker_process(cluster: Cluster):
+    async with Taskmill(cluster.url, plugins=False) as tm:
+        task = await tm.enqueue("steps", {"steps": 30, "step_seconds": 0.05})
+        proc = cluster.start()
+        await lines_appear(cluster, "started", 1, timeout=30)
+        assert await tm.suspend("steps") == 1
+        await lines_appear(cluster, "stopped", 1, timeout=10)
+
+        async def requeued() -> bool:
+            current = await tm.get(task.id)
+            return current is not None and current.status is TaskStatus.PENDING
+
+        await wait_until(requeued, timeout=10)
+        queued = await tm.get(task.id)
+        assert queued is not None and queued.attempts == 0
+        other = await tm.enqueue("record")
+        assert (await tm.wait(other.id, timeout=10)).status is TaskStatus.COMPLETED
+        assert (await tm.get(task.id)).status is TaskStatus.PENDING  # type: ignore[union-attr]
+        await tm.resume("steps")
+        done = await tm.wait(task.id, timeout=30)
+        proc.send_signal(signal.SIGTERM)
+        wait_exit(proc, 30)
+        assert done.status is TaskStatus.COMPLETED
+        assert [a.outcome for a in await tm.attempts(task.id)] == [
+            AttemptOutcome.INTERRUPTED,
+            AttemptOutcome.COMPLETED,
+        ]
+
+
+async def test_events_from_a_worker_process_reach_a_subscriber_here(cluster: Cluster):
+    from taskmill import EventKind, TaskFilter
+
+    async with Taskmill(cluster.url, plugins=False) as tm:
+        stream = tm.events(TaskFilter(task_types=("steps",)))
+        first = asyncio.ensure_future(stream.__anext__())
+        await asyncio.sleep(0.2)  # the subscription is in place before the task exists
+        task = await tm.enqueue("steps", {"steps": 3, "step_seconds": 0.3})
+        proc = cluster.start()
+        kinds = [(await asyncio.wait_for(first, 30)).kind]
+        async for event in stream:
+            assert event.task.id == task.id
+            kinds.append(event.kind)
+            if event.status.terminal:
+                break
+        proc.send_signal(signal.SIGTERM)
+        wait_exit(proc, 30)
+        assert kinds[0] is EventKind.ENQUEUED
+        assert kinds[1] is EventKind.STARTED
+        assert EventKind.PROGRESS in kinds
+        assert kinds[-1] is EventKind.COMPLETED
+
+
+async def test_concurrent_enqueues_with_one_dedupe_key_from_several_processes(tmp_path: Path):
+    url = f"sqlite:///{tmp_path / 'dedupe.db'}"
+    async with Taskmill(url, plugins=False):
+        pass  # create the schema once, so the processes race on enqueue only
+    script = (
+        "import asyncio, sys\n"
+        "from taskmill import Taskmill\n"
+        "async def main():\n"
+        "    async with Taskmill(sys.argv[1], plugins=False) as tm:\n"
+        "        for _ in range(25):\n"
+        "            await tm.enqueue('render', {'page': 1}, dedupe_key='page-1')\n"
+        "asyncio.run(main())\n"
+    )
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable, "-c", script, url, stderr=subprocess.PIPE
+        )
+        for _ in range(4)
+    ]
+    for proc in procs:
+        _, stderr = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, stderr.decode()
+    async with Taskmill(url, plugins=False) as tm:
+        tasks = await tm.query(limit=1000)
+    leaders = [t for t in tasks if t.alias_of is None]
+    assert len(tasks) == 100
+    assert len(leaders) == 1
+    assert all(t.alias_of == leaders[0].id for t in tasks if t is not leaders[0])

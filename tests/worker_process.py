@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from taskmill import Context, Taskmill
+from taskmill import Cancelled, Context, Taskmill
 
 
 def record(log: Path, *fields: object) -> None:
@@ -48,10 +48,14 @@ def build(url: str, log: Path) -> Taskmill:
     @tm.handler("steps")
     async def steps(ctx: Context, params: dict) -> int:
         record(log, "started", ctx.task.id, pid, ctx.task.attempts)
-        for i in range(params["steps"]):
-            ctx.check_cancelled()
-            await asyncio.sleep(params.get("step_seconds", 0.1))
-            await ctx.progress(i + 1, params["steps"])
+        try:
+            for i in range(params["steps"]):
+                ctx.check_cancelled()
+                await asyncio.sleep(params.get("step_seconds", 0.1))
+                await ctx.progress(i + 1, params["steps"])
+        except (Cancelled, asyncio.CancelledError):
+            record(log, "stopped", ctx.task.id, pid, ctx.task.attempts)
+            raise
         record(log, "ran", ctx.task.id, pid, ctx.task.attempts)
         return pid
 
@@ -67,6 +71,7 @@ async def main(argv: list[str]) -> None:
     parser.add_argument("--lease", type=float, default=30.0)
     parser.add_argument("--rescue-interval", type=float, default=None)
     parser.add_argument("--shutdown-grace", type=float, default=30.0)
+    parser.add_argument("--cancel-check-interval", type=float, default=0.5)
     parser.add_argument(
         "--barrier",
         type=Path,
@@ -92,6 +97,7 @@ async def main(argv: list[str]) -> None:
             lease_seconds=args.lease,
             rescue_interval=args.rescue_interval,
             shutdown_grace=args.shutdown_grace,
+            cancel_check_interval=args.cancel_check_interval,
             min_poll_interval=0.01,
             poll_interval=0.2,
         )

@@ -41,6 +41,7 @@ from taskmill.discovery import DEFAULT_URL
 from taskmill.errors import TaskmillError, TaskNotFound
 from taskmill.model import (
     Attempt,
+    CancelReason,
     Priority,
     Progress,
     ProgressSummary,
@@ -225,6 +226,40 @@ def build_parser() -> argparse.ArgumentParser:
 
     cmd = add("retry", _retry, "Put a failed or cancelled task back to pending.")
     cmd.add_argument("task_id", metavar="TASK_ID", help="a task id or a unique prefix of one")
+
+    cmd = add("cancel", _cancel, "Cancel a task (and its children), or every task of a type.")
+    cmd.add_argument(
+        "task_id", nargs="?", metavar="TASK_ID", help="a task id or a unique prefix of one"
+    )
+    cmd.add_argument(
+        "--type",
+        dest="task_types",
+        action="extend",
+        nargs="+",
+        metavar="T",
+        help="instead of one task: every active task of these types",
+    )
+    cmd.add_argument("--app-id", default=None, help="with --type: only this app's tasks")
+    cmd.add_argument(
+        "--reason",
+        choices=[r.value for r in CancelReason],
+        default=CancelReason.USER.value,
+        help="user/preempted end the task; suspended/shutdown put a running task back "
+        "to pending (default user)",
+    )
+    cmd.add_argument("--no-cascade", action="store_true", help="leave the task's children alone")
+
+    for name, command, summary in (
+        ("suspend", _suspend, "Stop every worker from starting tasks of a scope."),
+        ("resume", _resume, "Lift a suspension stored by `taskmill suspend`."),
+    ):
+        cmd = add(name, command, summary)
+        cmd.add_argument(
+            "task_type", nargs="?", metavar="TASK_TYPE", help="the task type (default: all)"
+        )
+        cmd.add_argument("--app-id", default=None, help="only this app's tasks")
+
+    cmd = add("suspensions", _suspensions, "List the stored suspensions.")
 
     cmd = add("cleanup", _cleanup, "Delete finished tasks older than a given age.")
     cmd.add_argument(
@@ -700,6 +735,62 @@ async def _retry(args: argparse.Namespace) -> int:
         task = await _find_task(tm, args.task_id)
         task = await tm.retry(task.id)
     print(f"{task.id} {task.status.value}")
+    return EXIT_OK
+
+
+async def _cancel(args: argparse.Namespace) -> int:
+    reason = CancelReason(args.reason)
+    cascade = not args.no_cascade
+    if (args.task_id is None) == (not args.task_types):
+        raise TaskmillError("give a TASK_ID or --type (not both)")
+    async with Taskmill(args.url) as tm:
+        if args.task_id is not None:
+            task = await _find_task(tm, args.task_id)
+            task = await tm.cancel(task.id, reason=reason, cascade=cascade)
+            print(f"{task.id} {task.status.value}")
+            return EXIT_OK
+        changed = await tm.cancel_by_filter(
+            TaskFilter(task_types=tuple(args.task_types), app_id=args.app_id),
+            reason=reason,
+            cascade=cascade,
+        )
+    print(f"cancelled {changed} tasks ({reason.value})")
+    return EXIT_OK
+
+
+def _scope_text(task_type: str | None, app_id: str | None) -> str:
+    what = f"task type {task_type!r}" if task_type else "all task types"
+    return what + (f" of app {app_id!r}" if app_id else "")
+
+
+async def _suspend(args: argparse.Namespace) -> int:
+    async with Taskmill(args.url) as tm:
+        interrupted = await tm.suspend(args.task_type, app_id=args.app_id)
+    print(
+        f"suspended {_scope_text(args.task_type, args.app_id)}; "
+        f"{interrupted} running tasks sent back to pending"
+    )
+    return EXIT_OK
+
+
+async def _resume(args: argparse.Namespace) -> int:
+    async with Taskmill(args.url) as tm:
+        existed = await tm.resume(args.task_type, app_id=args.app_id)
+    scope = _scope_text(args.task_type, args.app_id)
+    if not existed:
+        _error(f"no suspension of {scope} is stored (see `taskmill suspensions`)")
+        return EXIT_ERROR
+    print(f"resumed {scope}")
+    return EXIT_OK
+
+
+async def _suspensions(args: argparse.Namespace) -> int:
+    async with Taskmill(args.url) as tm:
+        scopes = await tm.suspensions()
+    for scope in scopes:
+        print(_scope_text(scope.task_type, scope.app_id))
+    if not scopes:
+        print("no suspensions")
     return EXIT_OK
 
 
