@@ -3,6 +3,7 @@ ours or not our version, without ever damaging what is stored."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import sqlite3
@@ -13,9 +14,10 @@ from pathlib import Path
 import pytest
 from taskmill.backends.sqlite import SQLiteStorage, latest_version
 from taskmill.backends.sqlite.schema import migrations, split_statements
+from taskmill.cli import main as cli_main
 from taskmill.errors import SchemaVersionError, StorageUnavailable
-from taskmill.model import TaskFilter
-from taskmill.testing import new_task
+from taskmill.model import CancelReason, EventKind, TaskFilter, TaskStatus
+from taskmill.testing import claim, finish, new_task
 
 
 def url_of(path: Path) -> str:
@@ -160,6 +162,109 @@ async def test_the_schema_version_is_stored(tmp_path: Path):
     path = tmp_path / "t.db"
     await make_store(path, 0)
     assert stored_version(path) == str(latest_version())
+
+
+def test_the_current_schema_is_version_2_with_the_control_tables():
+    assert latest_version() == 2
+    assert [m.name for m in migrations()] == ["0001_initial.sql", "0002_control.sql"]
+
+
+async def test_the_control_tables_and_indexes_exist(tmp_path: Path):
+    path = tmp_path / "t.db"
+    await make_store(path, 0)
+    names = {row[1] for row in schema_of(path)}
+    assert {"suspensions", "suspensions_scope", "events"} <= names
+
+
+def stepwise_database(path: Path, version: int) -> None:
+    """A database built by applying migrations 1..``version`` by hand."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    for migration in migrations()[:version]:
+        conn.execute("BEGIN")
+        for statement in migration.statements():
+            conn.execute(statement)
+        conn.execute(
+            "INSERT INTO taskmill_meta (key, value) VALUES ('schema_version', ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (str(migration.version),),
+        )
+        conn.execute("COMMIT")
+    conn.close()
+
+
+def downgrade(path: Path, reference: Path, version: int) -> None:
+    """Make the database at ``path`` what a taskmill at schema ``version`` would have
+    written: drop every table and index that ``reference`` (a database at that version)
+    does not have, and record the version."""
+    keep = {(row[0], row[1]) for row in schema_of(reference)}
+    extra = [(kind, name) for kind, name, _, _ in schema_of(path) if (kind, name) not in keep]
+    conn = sqlite3.connect(path, isolation_level=None)
+    for kind, name in extra:  # (dropping a table drops its indexes too)
+        assert kind in ("table", "index"), (kind, name)
+        conn.execute(f"DROP {kind.upper()} IF EXISTS {name}")
+        conn.execute("DELETE FROM sqlite_sequence WHERE name = ?", (name,))
+    conn.execute("UPDATE taskmill_meta SET value = ? WHERE key = 'schema_version'", (str(version),))
+    conn.close()
+
+
+async def test_a_version_1_database_migrates_to_the_current_schema_with_its_tasks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    reference = tmp_path / "v1.db"
+    stepwise_database(reference, 1)
+    path = tmp_path / "old.db"
+    url = url_of(path)
+    store = SQLiteStorage.from_url(url)
+    await store.open()
+    done, running, pending = await store.enqueue(
+        [new_task("a", {"i": 0}), new_task("a", {"i": 1}), new_task("b", dedupe_key="k")]
+    )
+    (claimed,) = await store.claim_batch(claim("a", limit=1))
+    assert claimed.id == done.id
+    await store.finish_batch([finish(claimed, result={"ok": True})])
+    (running,) = await store.claim_batch(claim("a", worker="w9"))
+    before = [await store.get(t.id) for t in (done, running, pending)]
+    log = [await store.attempts(t.id) for t in (done, running, pending)]
+    await store.close()
+    downgrade(path, reference, 1)
+    assert schema_of(path) == schema_of(reference), "not a faithful version-1 database"
+
+    # Opening it before migrating is refused, names the command, and writes nothing.
+    snapshot = digest(path)
+    with pytest.raises(SchemaVersionError) as excinfo:
+        await SQLiteStorage.from_url(url).open()
+    message = str(excinfo.value)
+    assert f"taskmill migrate --url {url}" in message
+    assert "version 1" in message and f"version {latest_version()}" in message
+    assert digest(path) == snapshot
+
+    # `taskmill migrate` brings it to the current version.
+    assert await asyncio.to_thread(cli_main, ["--url", url, "migrate"]) == 0
+    assert f"schema version {latest_version()}" in capsys.readouterr().out
+    assert stored_version(path) == str(latest_version())
+    fresh = tmp_path / "fresh.db"
+    await make_store(fresh, 0)
+    assert schema_of(path) == schema_of(fresh)
+
+    store = SQLiteStorage.from_url(url)
+    await store.open()
+    try:
+        assert [await store.get(t.id) for t in (done, running, pending)] == before
+        assert [await store.attempts(t.id) for t in (done, running, pending)] == log
+        # The control features work on the migrated data.
+        assert await store.read_events(None) == ([], 0)
+        assert await store.suspensions() == []
+        (stopped,) = await store.cancel(task_ids=[running.id], reason=CancelReason.USER)
+        assert stopped.status is TaskStatus.CANCELLED
+        (follower,) = await store.enqueue([new_task("b", dedupe_key="k")])
+        assert follower.alias_of == pending.id
+        events, _ = await store.read_events(0)
+        assert [(e.task.id, e.kind) for e in events] == [
+            (running.id, EventKind.CANCELLED),
+            (follower.id, EventKind.ENQUEUED),
+        ]
+    finally:
+        await store.close()
 
 
 # -- version mismatches ---------------------------------------------------------------------

@@ -16,6 +16,11 @@ Design:
   writer and a committed transaction survives a process crash.
 - Timestamps are stored as INTEGER microseconds since the epoch (UTC), JSON values as
   text, enums by value; creation order is the table's rowid (``seq``).
+- Every state change appends its row to the ``events`` table in the transaction that
+  makes it. The writer lock orders those transactions across processes, so the
+  AUTOINCREMENT ``seq`` of an event is its commit order: the event cursor.
+- Suspensions live in the ``suspensions`` table; each claim reads it inside its own
+  transaction and leaves the suspended scopes out of its statement.
 """
 
 from __future__ import annotations
@@ -44,9 +49,12 @@ from taskmill.model import (
     Attempt,
     AttemptOutcome,
     CancelReason,
+    EventKind,
     Progress,
     ProgressSummary,
+    SuspensionScope,
     Task,
+    TaskEvent,
     TaskFilter,
     TaskStatus,
 )
@@ -91,6 +99,21 @@ _STATUS: Final = {s.value: s for s in TaskStatus}
 _REASON: Final = {r.value: r for r in CancelReason}
 _OUTCOME: Final = {o.value: o for o in AttemptOutcome}
 _TERMINAL_VALUES: Final = frozenset({"completed", "failed", "cancelled"})
+_KIND: Final = {k.value: k for k in EventKind}
+# The event of a transition to each status, for leaders reaching it and their aliases.
+_TERMINAL_EVENT: Final = {
+    "completed": EventKind.COMPLETED.value,
+    "failed": EventKind.FAILED.value,
+    "cancelled": EventKind.CANCELLED.value,
+}
+_FINISH_EVENT: Final = {
+    FinishKind.COMPLETE: EventKind.COMPLETED.value,
+    FinishKind.RETRY: EventKind.RETRYING.value,
+    FinishKind.FAIL: EventKind.FAILED.value,
+    FinishKind.RELEASE: EventKind.REQUEUED.value,
+    FinishKind.CANCEL: EventKind.CANCELLED.value,
+}
+_REQUEUED: Final = EventKind.REQUEUED.value
 
 
 loads: Final = json.JSONDecoder().decode
@@ -123,7 +146,7 @@ TASK_COLUMNS: Final = (
 )
 # Positions in TASK_COLUMNS used outside _task().
 _SEQ, _ID, _STATUS_COL, _PRIORITY, _RESULT, _ERROR = 0, 1, 3, 10, 13, 14
-_DEDUPE_KEY, _CANCEL_REASON = 18, 22
+_DEDUPE_KEY, _ALIAS_OF, _CANCEL_REASON = 18, 19, 22
 
 
 def _task(r: Row) -> Task:
@@ -191,7 +214,8 @@ _INSERT_ATTEMPT: Final = (
 )
 _SETTLE_ALIASES: Final = (
     "UPDATE tasks SET status = ?, result = ?, error = ?, cancel_reason = ?, "
-    "finished_at = ?, updated_at = ? WHERE alias_of = ? AND status = 'pending'"
+    "finished_at = ?, updated_at = ? WHERE alias_of = ? AND status = 'pending' "
+    f"RETURNING {TASK_COLUMNS}"
 )
 _RENEW: Final = f"UPDATE tasks SET lease_expires_at = ?{_FENCE} RETURNING id, cancel_reason"
 _ATTEMPTS: Final = (
@@ -270,7 +294,7 @@ def _progress_sql(with_progress: bool, with_data: bool) -> str:
         sets += ", progress_done = ?, progress_total = ?, progress_message = ?"
     if with_data:
         sets += ", data = ?"
-    return f"UPDATE tasks SET {sets}{_FENCE} RETURNING id"
+    return f"UPDATE tasks SET {sets}{_FENCE} RETURNING seq"
 
 
 _PROGRESS_SQL: Final = {(p, d): _progress_sql(p, d) for p in (False, True) for d in (False, True)}
@@ -344,14 +368,27 @@ def _claim_sql(shape: _ClaimShape, min_priority: bool) -> str:
     return sql
 
 
-def claim_statement(request: ClaimRequest, now_us: int) -> tuple[str, list[Any]] | None:
+def claim_statement(
+    request: ClaimRequest, now_us: int, suspended: Sequence[SuspensionScope] = ()
+) -> tuple[str, list[Any]] | None:
     """The one ``UPDATE ... RETURNING`` statement (and its parameters) that serves
-    ``request`` at time ``now_us``; None when the request cannot claim anything.
+    ``request`` at time ``now_us`` while ``suspended`` are stored; None when the request
+    cannot claim anything.
 
     Each handler key draws at most its cap (or ``limit``) of its best due tasks through
     the ``tasks_claim`` partial index; a task of an app with its own key is served only
     by that key, never by the host key. The union is cut to ``limit`` by priority DESC,
     then creation.
+
+    Suspensions are folded into the statement's shape rather than tested per row: a
+    handler key whose whole scope is suspended is left out, and the apps suspended for a
+    task type are excluded from its host key the way apps with their own key are. A
+    correlated ``NOT EXISTS (SELECT ... FROM suspensions)`` per candidate would do the
+    same, but under a global or type-wide suspension every claim would then walk the
+    whole pending backlog of the suspended types through the index (while holding the
+    writer lock) only to reject each row; this way such a claim touches nothing.
+    ``_claim`` reads the suspensions inside the claim's own ``BEGIN IMMEDIATE``
+    transaction, so a suspension committed by any process stops every later claim.
     """
     limit = request.limit
     if limit <= 0:
@@ -373,11 +410,20 @@ def claim_statement(request: ClaimRequest, now_us: int) -> tuple[str, list[Any]]
         take = limit if cap is None else min(cap, limit)
         if take <= 0:
             continue
+        if suspended and any(s.covers(app_id, task_type) for s in suspended):
+            continue
         if app_id is not None:
             shape.append((True, 0))
             params += (task_type, app_id)
         else:
-            excluded = own_keys.get(task_type, ())
+            excluded: Sequence[str] = own_keys.get(task_type, ())
+            if suspended:
+                # (the scopes naming no app covered the host key: it was skipped above)
+                apps = dict.fromkeys(excluded)
+                for scope in suspended:
+                    if scope.app_id is not None and scope.task_type in (None, task_type):
+                        apps[scope.app_id] = None
+                excluded = list(apps)
             shape.append((False, len(excluded)))
             params.append(task_type)
             params += excluded
@@ -426,6 +472,108 @@ def _filter_sql(f: TaskFilter) -> tuple[str, list[Any]]:
         clauses.append("created_at < ?")
         params.append(_us(f.created_before))
     return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
+
+
+# -- control and the event log ------------------------------------------------------
+
+# Every write operation appends the events of its changes in its own BEGIN IMMEDIATE
+# transaction: a reader never sees a change without its event, and since SQLite
+# serialises writers (of every process) the AUTOINCREMENT seq of a later commit is
+# always larger than every seq already committed. Cursors therefore increase in commit
+# order and no event ever appears behind a cursor a reader already holds.
+_INSERT_EVENT: Final = (
+    "INSERT INTO events (task_seq, task_id, kind, status, at) VALUES (?, ?, ?, ?, ?)"
+)
+_EVENT_WIDTH: Final = 5
+_EVENT_PAD: Final = (None,) * _EVENT_WIDTH
+_EVENT_CHUNK: Final = 128
+_event_sql_cache: dict[int, str] = {}
+
+
+def _events_sql(rows: int) -> str:
+    """One INSERT of ``rows`` events from a VALUES list; all-NULL padding rows are
+    dropped by the WHERE."""
+    cached = _event_sql_cache.get(rows)
+    if cached is None:
+        row = "(" + ", ".join("?" * _EVENT_WIDTH) + ")"
+        cached = _event_sql_cache[rows] = (
+            "INSERT INTO events (task_seq, task_id, kind, status, at) "
+            "SELECT column1, column2, column3, column4, column5 "
+            f"FROM (VALUES {', '.join([row] * rows)}) WHERE column1 IS NOT NULL"
+        )
+    return cached
+
+
+def _insert_events(conn: sqlite3.Connection, events: list[Row]) -> None:
+    """Append ``events`` (task_seq, task_id, kind, status, at), in order.
+
+    A batch is one multi-row statement per 128 events rather than ``executemany``,
+    which runs the statement (and the AUTOINCREMENT bookkeeping in sqlite_sequence)
+    once per row: this is on the claim and finish paths, two events per task. Sizes
+    are rounded up to a multiple of 8 (at most 23 distinct statements): padding to a
+    power of two, as the finishes do, made a batch of 100 events cost 40% more.
+    """
+    if len(events) == 1:
+        conn.execute(_INSERT_EVENT, events[0])
+        return
+    for start in range(0, len(events), _EVENT_CHUNK):
+        chunk = events[start : start + _EVENT_CHUNK]
+        size = len(chunk) if len(chunk) <= 8 else -(-len(chunk) // 8) * 8
+        params: list[Any] = []
+        for event in chunk:
+            params += event
+        for _ in range(size - len(chunk)):
+            params += _EVENT_PAD
+        conn.execute(_events_sql(size), params)
+
+
+# The tasks one enqueue inserted are exactly those above the largest seq read before
+# inserting (under the writer lock, a new rowid is the largest one plus one).
+_ENQUEUE_EVENTS: Final = (
+    "INSERT INTO events (task_seq, task_id, kind, status, at) "
+    "SELECT seq, id, 'enqueued', 'pending', ? FROM tasks WHERE seq > ? ORDER BY seq"
+)
+_LAST_TASK_SEQ: Final = "SELECT ifnull(max(seq), 0) FROM tasks"
+_EVENTS_CURSOR: Final = "SELECT seq FROM sqlite_sequence WHERE name = 'events'"
+# The snapshot columns again, qualified for the join with events.
+_T_COLUMNS: Final = ", ".join(f"t.{c.strip()}" for c in TASK_COLUMNS.split(","))
+_READ_EVENTS: Final = (
+    f"SELECT e.seq, e.kind, e.status, e.at, {_T_COLUMNS} FROM events AS e "
+    "LEFT JOIN tasks AS t ON t.seq = e.task_seq AND t.id = e.task_id "
+    "WHERE e.seq > ? ORDER BY e.seq LIMIT ?"
+)
+_EVENT_TASK: Final = 4  # where the task's columns start in a _READ_EVENTS row
+_FIRST_YOUNG_EVENT: Final = "SELECT seq FROM events WHERE at >= ? ORDER BY seq LIMIT 1"
+
+_SUSPENSIONS: Final = "SELECT task_type, app_id FROM suspensions"
+_SUSPEND: Final = (
+    "INSERT OR IGNORE INTO suspensions (task_type, app_id, created_at) VALUES (?, ?, ?)"
+)
+_RESUME: Final = "DELETE FROM suspensions WHERE task_type IS ? AND app_id IS ?"
+
+_CHUNK: Final = 500
+"""Most ids bound in one ``IN (...)`` list (SQLite before 3.32 allows 999 variables)."""
+
+
+def _marks(n: int) -> str:
+    return ", ".join("?" * n)
+
+
+def _cancel_sql(n: int) -> str:
+    return (
+        "UPDATE tasks SET status = 'cancelled', cancel_reason = ?, finished_at = ?, "
+        "updated_at = ?, worker_id = NULL, lease_expires_at = NULL "
+        f"WHERE id IN ({_marks(n)}) AND status IN ('pending', 'running') "
+        f"RETURNING {TASK_COLUMNS}"
+    )
+
+
+def _request_stop_sql(n: int) -> str:
+    return (
+        "UPDATE tasks SET cancel_reason = ?, updated_at = ? "
+        f"WHERE id IN ({_marks(n)}) AND status = 'running' AND cancel_reason IS NULL "
+        f"RETURNING {TASK_COLUMNS}"
+    )
 
 
 # -- URL -----------------------------------------------------------------------------
@@ -867,6 +1015,11 @@ class SQLiteStorage(TaskStorage):
         """Delete terminal tasks in ``statuses`` that finished more than ``older_than``
         ago, with their execution logs, in one transaction.
 
+        Their events stay in the event log until :meth:`prune_events` removes them by
+        age; :meth:`read_events` skips them (it joins on the task's rowid *and* id, so a
+        rowid reused by a later task never inherits them). Deleting them here would need
+        an index on events by task, paid on every event written.
+
         :raises ValueError: ``statuses`` includes an active status.
         """
         if any(s.active for s in statuses):
@@ -874,6 +1027,66 @@ class SQLiteStorage(TaskStorage):
         if not statuses:
             return 0
         return await self._run(self._write, _cleanup, (older_than, statuses))
+
+    # -- control -----------------------------------------------------------------------
+
+    async def cancel(
+        self,
+        *,
+        task_ids: Sequence[str] | None = None,
+        filter: TaskFilter | None = None,
+        reason: CancelReason = CancelReason.USER,
+        cascade: bool = True,
+    ) -> list[Task]:
+        """Cancel (terminal ``reason``) or ask to stop (SUSPENDED, SHUTDOWN) the active
+        tasks selected by ``task_ids`` and/or ``filter``, their descendants when
+        ``cascade``, and a cancelled leader's aliases; one ``BEGIN IMMEDIATE``
+        transaction. See :meth:`TaskStorage.cancel`.
+
+        :raises ValueError: neither ``task_ids`` nor ``filter`` was given.
+        :returns: every changed task: the selection and its descendants in that order,
+            each cancelled leader followed by its aliases.
+        """
+        if task_ids is None and filter is None:
+            raise ValueError("cancel needs task_ids or a filter")
+        ids = None if task_ids is None else list(task_ids)
+        return await self._run(self._write, _cancel, (ids, filter, reason, cascade))
+
+    async def watch_leases(self, leases: Sequence[Lease]) -> dict[str, CancelReason | None]:
+        """The requested stop (or None) of each lease that still holds; reads only
+        (one ``SELECT`` per 500 leases), fenced like :meth:`renew_leases`."""
+        if not leases:
+            return {}
+        return await self._run(self._read, _watch, leases)
+
+    async def suspend(self, scope: SuspensionScope) -> int:
+        """Store ``scope`` (idempotent) and ask the running tasks in it to stop, in one
+        transaction; claims by every process read the stored suspensions.
+
+        :returns: how many running tasks were asked to stop.
+        """
+        return await self._run(self._write, _suspend, scope)
+
+    async def resume(self, scope: SuspensionScope) -> bool:
+        """Delete exactly ``scope``; whether it was stored."""
+        return await self._run(self._write, _resume, scope)
+
+    async def suspensions(self) -> list[SuspensionScope]:
+        """The stored suspensions, sorted by (task type, app id)."""
+        return await self._run(self._read, _suspensions, None)
+
+    async def read_events(
+        self, after: int | None, *, limit: int = 1000
+    ) -> tuple[list[TaskEvent], int]:
+        """Up to ``limit`` events after cursor ``after`` in seq (commit) order, each
+        with its task's current snapshot, from one ``SELECT``; ``after`` None returns the
+        cursor of the last event committed. Events whose task was deleted are skipped,
+        and the returned cursor moves past them too."""
+        return await self._run(self._read, _read_events, (after, limit))
+
+    async def prune_events(self, older_than: timedelta) -> int:
+        """Delete the events recorded more than ``older_than`` ago; how many."""
+        return await self._run(self._write, _prune_events, older_than)
 
 
 # -- operations (run on the database thread, inside _write or _read) --------------------
@@ -929,27 +1142,49 @@ def _enqueue(conn: sqlite3.Connection, tasks: Sequence[NewTask]) -> list[Task]:
                 user_id=new.user_id,
             )
         )
+    last = conn.execute(_LAST_TASK_SEQ).fetchone()[0]
     conn.executemany(_INSERT, rows)
+    conn.execute(_ENQUEUE_EVENTS, (now, last))
     return stored
 
 
 def _claim(conn: sqlite3.Connection, request: ClaimRequest) -> list[Task]:
-    statement = claim_statement(request, _now_us())
+    now = _now_us()
+    scopes = conn.execute(_SUSPENSIONS).fetchall()
+    suspended = [SuspensionScope(task_type=t, app_id=a) for t, a in scopes]
+    statement = claim_statement(request, now, suspended)
     if statement is None:
         return []
     sql, params = statement
-    return _sorted_tasks(conn.execute(sql, params).fetchall())
+    rows = conn.execute(sql, params).fetchall()
+    if not rows:
+        return []
+    claimed = _sorted_tasks(rows)  # also puts rows in claim order
+    _insert_events(conn, [(r[_SEQ], r[_ID], "started", "running", now) for r in rows])
+    return claimed
 
 
-def _settle_aliases(conn: sqlite3.Connection, leader: Row, now: int) -> None:
-    """Give a terminal leader's aliases its status, result, error and cancel reason."""
-    conn.execute(
+def _settle_aliases(
+    conn: sqlite3.Connection, leader: Row, now: int, events: list[Row]
+) -> list[Row]:
+    """Give a terminal leader's aliases its status, result, error and cancel reason;
+    append their events (the leader's terminal kind) to ``events``.
+
+    :returns: the aliases' new rows, in creation order.
+    """
+    status = leader[_STATUS_COL]
+    rows = conn.execute(
         _SETTLE_ALIASES,
         (
-            leader[_STATUS_COL], leader[_RESULT], leader[_ERROR], leader[_CANCEL_REASON],
+            status, leader[_RESULT], leader[_ERROR], leader[_CANCEL_REASON],
             now, now, leader[_ID],
         ),
-    )  # fmt: skip
+    ).fetchall()  # fmt: skip
+    if rows:
+        rows.sort(key=lambda r: r[_SEQ])
+        kind = _TERMINAL_EVENT[status]
+        events += [(r[_SEQ], r[_ID], kind, status, now) for r in rows]
+    return rows
 
 
 def _finish_values(finish: Finish, now: int) -> Row:
@@ -996,6 +1231,7 @@ def _finish(conn: sqlite3.Connection, finishes: Sequence[Finish]) -> list[Task |
     now = _now_us()
     results: list[Task | None] = [None] * len(finishes)
     log: list[Row] = []
+    events: list[Row] = []
     # Rounds of finishes with distinct task ids, so that a task named twice in one call
     # is finished in call order (the second finds its lease gone, as if sequential).
     rounds: list[list[int]] = []
@@ -1012,16 +1248,18 @@ def _finish(conn: sqlite3.Connection, finishes: Sequence[Finish]) -> list[Task |
         for index in indexes:
             by_kind.setdefault(finishes[index].kind, []).append(index)
         values = {index: _finish_values(finishes[index], now) for index in indexes}
-        applied: dict[int, tuple[Row, str]] = {}
+        # index -> (new row, attempt outcome, event kind)
+        applied: dict[int, tuple[Row, str, str]] = {}
         released: list[int] = []
         for kind, members in by_kind.items():
             rows = _apply_finishes(conn, now, kind, [values[i] for i in members])
+            event = _FINISH_EVENT[kind]
             for index in members:
                 finish = finishes[index]
                 row = rows.get(finish.lease.task_id)
                 if row is not None:
                     outcome = interrupted if kind is FinishKind.RELEASE else finish.outcome.value
-                    applied[index] = (row, outcome)
+                    applied[index] = (row, outcome, event)
                 elif kind is FinishKind.RETRY or kind is FinishKind.FAIL:
                     released.append(index)
         if released:
@@ -1030,13 +1268,14 @@ def _finish(conn: sqlite3.Connection, finishes: Sequence[Finish]) -> list[Task |
             for index in released:
                 row = rows.get(finishes[index].lease.task_id)
                 if row is not None:
-                    applied[index] = (row, interrupted)
+                    applied[index] = (row, interrupted, _REQUEUED)
         for index in indexes:
             if index not in applied:
                 continue
-            row, outcome = applied[index]
+            row, outcome, event = applied[index]
+            events.append((row[_SEQ], row[_ID], event, row[_STATUS_COL], now))
             if row[_DEDUPE_KEY] is not None and row[_STATUS_COL] in _TERMINAL_VALUES:
-                _settle_aliases(conn, row, now)
+                _settle_aliases(conn, row, now, events)
             finish = finishes[index]
             lease = finish.lease
             log.append(
@@ -1049,6 +1288,7 @@ def _finish(conn: sqlite3.Connection, finishes: Sequence[Finish]) -> list[Task |
             results[index] = _task(row)
     if log:
         conn.executemany(_INSERT_ATTEMPT, log)
+        _insert_events(conn, events)
     return results
 
 
@@ -1069,6 +1309,7 @@ def _renew(
 def _save_progress(conn: sqlite3.Connection, updates: Sequence[ProgressUpdate]) -> set[str]:
     now = _now_us()
     written: set[str] = set()
+    events: list[Row] = []
     for update in updates:
         params: list[Any] = [now]
         progress = update.progress
@@ -1079,8 +1320,12 @@ def _save_progress(conn: sqlite3.Connection, updates: Sequence[ProgressUpdate]) 
         lease = update.lease
         params += (lease.task_id, lease.worker_id, lease.attempt)
         sql = _PROGRESS_SQL[progress is not None, update.data is not None]
-        if conn.execute(sql, params).fetchone() is not None:
+        found = conn.execute(sql, params).fetchone()
+        if found is not None:
             written.add(lease.task_id)
+            events.append((found[0], lease.task_id, "progress", "running", now))
+    if events:
+        _insert_events(conn, events)
     return written
 
 
@@ -1089,6 +1334,7 @@ def _rescue(conn: sqlite3.Connection, limit: int) -> list[Task]:
     expired = conn.execute(_RESCUE_SELECT, (now, limit)).fetchall()
     rescued: list[Task] = []
     log: list[Row] = []
+    events: list[Row] = []
     lost = AttemptOutcome.LOST.value
     for seq, task_id, worker_id, attempts, max_retries, started_at, reason in expired:
         if reason is not None and _REASON[reason].terminal:
@@ -1099,8 +1345,10 @@ def _rescue(conn: sqlite3.Connection, limit: int) -> list[Task]:
             row = conn.execute(_RESCUE_REQUEUED, (now, now, "lease expired", task_id)).fetchone()
         else:
             row = conn.execute(_RESCUE_FAILED, (now, now, "lease expired", task_id)).fetchone()
-        if row[_DEDUPE_KEY] is not None and row[_STATUS_COL] in _TERMINAL_VALUES:
-            _settle_aliases(conn, row, now)
+        status = row[_STATUS_COL]
+        events.append((seq, task_id, _TERMINAL_EVENT.get(status, _REQUEUED), status, now))
+        if row[_DEDUPE_KEY] is not None and status in _TERMINAL_VALUES:
+            _settle_aliases(conn, row, now, events)
         log.append(
             (
                 seq, task_id, attempts, worker_id or "",
@@ -1110,6 +1358,7 @@ def _rescue(conn: sqlite3.Connection, limit: int) -> list[Task]:
         rescued.append(_task(row))
     if log:
         conn.executemany(_INSERT_ATTEMPT, log)
+        _insert_events(conn, events)
     return rescued
 
 
@@ -1137,6 +1386,7 @@ def _redrive(conn: sqlite3.Connection, task_id: str) -> Task:
             )
     now = _now_us()
     row = conn.execute(_REDRIVE, (now, now, task_id)).fetchone()
+    conn.execute(_INSERT_EVENT, (row[_SEQ], task_id, _REQUEUED, "pending", now))
     return _task(row)
 
 
@@ -1216,3 +1466,212 @@ def _cleanup(conn: sqlite3.Connection, args: tuple[timedelta, frozenset[TaskStat
         f"DELETE FROM attempts WHERE task_seq IN (SELECT seq FROM tasks WHERE {where})", params
     )
     return conn.execute(f"DELETE FROM tasks WHERE {where}", params).rowcount
+
+
+def _chunks(items: Sequence[T]) -> list[Sequence[T]]:
+    return [items[i : i + _CHUNK] for i in range(0, len(items), _CHUNK)]
+
+
+def _cancel_targets(
+    conn: sqlite3.Connection,
+    task_ids: Sequence[str] | None,
+    filter: TaskFilter | None,
+    cascade: bool,
+) -> list[str]:
+    """The ids a cancel applies to, in the reference store's order: those named, the
+    active tasks ``filter`` selects (in creation order), then breadth first their
+    descendants (each task's children in creation order)."""
+    order: dict[str, None] = dict.fromkeys(task_ids or ())
+    if filter is not None:
+        where, params = _filter_sql(filter)
+        active = "status IN ('pending', 'running')"
+        where = f"{where} AND {active}" if where else f" WHERE {active}"
+        selected = conn.execute(f"SELECT id FROM tasks{where} ORDER BY seq", params)
+        order.update((row[0], None) for row in selected)
+    if cascade:
+        # Through every child, finished ones too (their own children may be active);
+        # `order` doubles as the visited set, so even a parent_id cycle ends.
+        level = list(order)
+        while level:
+            children: dict[str, list[str]] = {}
+            for chunk in _chunks(level):
+                sql = (
+                    "SELECT id, parent_id FROM tasks "
+                    f"WHERE parent_id IN ({_marks(len(chunk))}) ORDER BY seq"
+                )
+                for child, parent in conn.execute(sql, chunk):
+                    children.setdefault(parent, []).append(child)
+            found: list[str] = []
+            for parent in level:
+                for child in children.get(parent, ()):
+                    if child not in order:
+                        order[child] = None
+                        found.append(child)
+            level = found
+    return list(order)
+
+
+def _cancel(
+    conn: sqlite3.Connection,
+    args: tuple[Sequence[str] | None, TaskFilter | None, CancelReason, bool],
+) -> list[Task]:
+    task_ids, filter, reason, cascade = args
+    now = _now_us()
+    targets = _cancel_targets(conn, task_ids, filter, cascade)
+    rows: dict[str, Row] = {}
+    events: list[Row] = []
+    changed: list[Row] = []
+    if not reason.terminal:
+        # SUSPENDED, SHUTDOWN: only a running task without a request yet is asked to stop.
+        for chunk in _chunks(targets):
+            params = [reason.value, now, *chunk]
+            for row in conn.execute(_request_stop_sql(len(chunk)), params):
+                rows[row[_ID]] = row
+        changed = [rows[i] for i in targets if i in rows]
+        events += [(r[_SEQ], r[_ID], "cancel_requested", "running", now) for r in changed]
+        if events:
+            _insert_events(conn, events)
+        return [_task(r) for r in changed]
+
+    # A terminal reason: every selected active task ends CANCELLED, processed as if one
+    # by one in `targets` order, but with one UPDATE per 500 tasks.
+    position = {task_id: n for n, task_id in enumerate(targets)}
+    active: list[Row] = []
+    for chunk in _chunks(targets):
+        active += conn.execute(
+            "SELECT seq, id, status, worker_id, attempts, started_at, alias_of FROM tasks "
+            f"WHERE id IN ({_marks(len(chunk))}) AND status IN ('pending', 'running')",
+            chunk,
+        ).fetchall()
+    # An alias whose (active) leader comes before it is cancelled *by* that leader,
+    # taking its result and error as aliases always do; otherwise it is cancelled alone.
+    first = {r[1]: position[r[1]] for r in active}
+    direct = [r[1] for r in active if first.get(r[6], len(targets)) > position[r[1]]]
+    for chunk in _chunks(direct):
+        for row in conn.execute(_cancel_sql(len(chunk)), [reason.value, now, now, *chunk]):
+            rows[row[_ID]] = row
+    done: set[str] = set()
+    for task_id in targets:
+        row = rows.get(task_id)
+        if row is None or task_id in done:
+            continue
+        done.add(task_id)
+        changed.append(row)
+        events.append((row[_SEQ], task_id, "cancelled", "cancelled", now))
+        if row[_DEDUPE_KEY] is not None and row[_ALIAS_OF] is None:
+            # Its aliases still PENDING follow it; the dedupe key is free again (the
+            # tasks_dedupe_leader index covers active leaders only).
+            for alias in _settle_aliases(conn, row, now, events):
+                done.add(alias[_ID])
+                changed.append(alias)
+    error = f"cancelled ({reason.value})"
+    cancelled = AttemptOutcome.CANCELLED.value
+    log = [
+        (
+            seq, task_id, attempts, worker_id or "",
+            now if started_at is None else started_at, now, cancelled, error,
+        )
+        for seq, task_id, status, worker_id, attempts, started_at, _ in active
+        if status == "running"
+    ]  # fmt: skip
+    if log:
+        conn.executemany(_INSERT_ATTEMPT, log)
+    if events:
+        _insert_events(conn, events)
+    return [_task(r) for r in changed]
+
+
+def _watch(conn: sqlite3.Connection, leases: Sequence[Lease]) -> dict[str, CancelReason | None]:
+    found: dict[str, tuple[str, int, str | None]] = {}
+    for chunk in _chunks(leases):
+        sql = (
+            "SELECT id, worker_id, attempts, cancel_reason FROM tasks "
+            f"WHERE id IN ({_marks(len(chunk))}) AND status = 'running'"
+        )
+        for task_id, worker_id, attempts, reason in conn.execute(sql, [x.task_id for x in chunk]):
+            found[task_id] = (worker_id, attempts, reason)
+    held: dict[str, CancelReason | None] = {}
+    for lease in leases:
+        row = found.get(lease.task_id)
+        if row is not None and row[0] == lease.worker_id and row[1] == lease.attempt:
+            held[lease.task_id] = None if row[2] is None else _REASON[row[2]]
+    return held
+
+
+def _suspend(conn: sqlite3.Connection, scope: SuspensionScope) -> int:
+    now = _now_us()
+    conn.execute(_SUSPEND, (scope.task_type, scope.app_id, now))
+    where = "status = 'running' AND cancel_reason IS NULL"
+    params: list[Any] = [now]
+    if scope.task_type is not None:
+        where += " AND task_type = ?"
+        params.append(scope.task_type)
+    if scope.app_id is not None:
+        where += " AND app_id = ?"
+        params.append(scope.app_id)
+    asked = conn.execute(
+        f"UPDATE tasks SET cancel_reason = 'suspended', updated_at = ? WHERE {where} "
+        "RETURNING seq, id",
+        params,
+    ).fetchall()
+    if asked:
+        asked.sort()
+        _insert_events(conn, [(seq, i, "cancel_requested", "running", now) for seq, i in asked])
+    return len(asked)
+
+
+def _resume(conn: sqlite3.Connection, scope: SuspensionScope) -> bool:
+    return conn.execute(_RESUME, (scope.task_type, scope.app_id)).rowcount > 0
+
+
+def _suspensions(conn: sqlite3.Connection, _: None) -> list[SuspensionScope]:
+    scopes = [SuspensionScope(task_type=t, app_id=a) for t, a in conn.execute(_SUSPENSIONS)]
+    scopes.sort(key=lambda s: (s.task_type or "", s.app_id or ""))
+    return scopes
+
+
+def _read_events(
+    conn: sqlite3.Connection, args: tuple[int | None, int]
+) -> tuple[list[TaskEvent], int]:
+    after, limit = args
+    if after is None:
+        # The last seq ever assigned (AUTOINCREMENT keeps it even when pruned away).
+        last = conn.execute(_EVENTS_CURSOR).fetchone()
+        return [], 0 if last is None else int(last[0])
+    if limit <= 0:
+        return [], after
+    rows = conn.execute(_READ_EVENTS, (after, limit)).fetchall()
+    if not rows:
+        return [], after
+    snapshots: dict[str, Task] = {}
+    events: list[TaskEvent] = []
+    start = _EVENT_TASK
+    for row in rows:
+        task_id = row[start + _ID]
+        if task_id is None:
+            continue  # the task was deleted since (cleanup): skipped, cursor moves on
+        task = snapshots.get(task_id)
+        if task is None:
+            task = snapshots[task_id] = _task(row[start:])
+        events.append(
+            TaskEvent(
+                kind=_KIND[row[1]],
+                task=task,
+                status=_STATUS[row[2]],
+                at=_dt(row[3]),
+                cursor=row[0],
+            )
+        )
+    return events, int(rows[-1][0])
+
+
+def _prune_events(conn: sqlite3.Connection, older_than: timedelta) -> int:
+    cutoff = _now_us() - older_than // _ONE_US
+    # `at` is read under the writer lock, so it only grows with seq (unless the wall
+    # clock steps back): the events to delete are the prefix of the log before the first
+    # young one, found by walking exactly that prefix. After a clock step back this
+    # keeps some old events until a later prune; it never deletes a young one.
+    first_young = conn.execute(_FIRST_YOUNG_EVENT, (cutoff,)).fetchone()
+    if first_young is None:
+        return conn.execute("DELETE FROM events WHERE at < ?", (cutoff,)).rowcount
+    return conn.execute("DELETE FROM events WHERE seq < ?", (first_young[0],)).rowcount
