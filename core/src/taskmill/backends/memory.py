@@ -78,13 +78,14 @@ class MemoryStorage(TaskStorage):
         self._log: dict[str, tuple[_LogRow, ...]] = {}
         self._children: dict[str, list[str]] = {}
         self._suspended: set[SuspensionScope] = set()
-        # (cursor, kind, task id, status, POSIX time): plain tuples, cheap to keep.
-        self._events: list[tuple[int, EventKind, str, TaskStatus, float]] = []
+        # (cursor, kind, task id, status, POSIX time), enums by value: tuples of plain
+        # values only, which the garbage collector stops tracking (see _log_attempt).
+        self._events: list[tuple[int, str, str, str, float]] = []
         self._event_seq = 0
 
     def _emit(self, kind: EventKind, task: Task, at: float) -> None:
         self._event_seq += 1
-        self._events.append((self._event_seq, kind, task.id, task.status, at))
+        self._events.append((self._event_seq, kind.value, task.id, task.status.value, at))
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> Self:
@@ -536,6 +537,8 @@ class MemoryStorage(TaskStorage):
         for task in self._tasks.values():
             if task.status is not _PENDING or task.alias_of is not None:
                 continue
+            if any(scope.covers(task.app_id, task.task_type) for scope in self._suspended):
+                continue
             if (task.app_id, task.task_type) in keys or (None, task.task_type) in keys:
                 best = task.run_at if best is None else min(best, task.run_at)
         return best
@@ -578,17 +581,18 @@ class MemoryStorage(TaskStorage):
         queue = list(task_ids or ())
         if filter is not None:
             queue.extend(t.id for t in self._select(filter) if t.status.active)
-        seen: set[str] = set()
+        visited: set[str] = set()
+        settled: set[str] = set()  # aliases their leader cancelled in this call
         changed: list[Task] = []
         while queue:
             task_id = queue.pop(0)
-            if task_id in seen:
+            if task_id in visited:
                 continue
-            seen.add(task_id)
+            visited.add(task_id)
             if cascade:
                 queue.extend(self._children.get(task_id, ()))
             task = self._tasks.get(task_id)
-            if task is None or task.status.terminal:
+            if task is None or task.status.terminal or task_id in settled:
                 continue
             if not reason.terminal:
                 if task.status is _RUNNING and task.cancel_reason is None:
@@ -608,13 +612,16 @@ class MemoryStorage(TaskStorage):
                         error=f"cancelled ({reason.value})",
                     )
                 )
-            aliases = [a for a in self._aliases.get(task_id, ()) if a not in seen]
+            # Decided before settling: only aliases still pending change with their leader.
+            following = [
+                alias_id
+                for alias_id in self._aliases.get(task_id, ())
+                if (alias := self._tasks.get(alias_id)) is not None and alias.status is _PENDING
+            ]
             changed.append(self._settle(task, TaskStatus.CANCELLED, now_ts, cancel_reason=reason))
-            for alias_id in aliases:
-                alias = self._tasks.get(alias_id)
-                if alias is not None and alias.status is TaskStatus.CANCELLED:
-                    seen.add(alias_id)
-                    changed.append(alias)
+            for alias_id in following:
+                settled.add(alias_id)
+                changed.append(self._tasks[alias_id])
         return changed
 
     async def watch_leases(self, leases: Sequence[Lease]) -> dict[str, CancelReason | None]:
@@ -661,7 +668,11 @@ class MemoryStorage(TaskStorage):
             if task is not None:
                 events.append(
                     TaskEvent(
-                        kind=kind, task=task, status=status, at=from_timestamp(at), cursor=seq
+                        kind=EventKind(kind),
+                        task=task,
+                        status=TaskStatus(status),
+                        at=from_timestamp(at),
+                        cursor=seq,
                     )
                 )
         return events, cursor

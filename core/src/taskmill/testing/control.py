@@ -191,6 +191,36 @@ class ControlContract:
         watched = await storage.watch_leases([lease_of(a), lease_of(b)])
         assert watched == {a.id: CancelReason.SUSPENDED, b.id: None}
 
+    async def test_next_run_at_ignores_suspended_tasks(self, storage: TaskStorage) -> None:
+        await storage.enqueue([new_task("a"), new_task("b", app_id="x")])
+        await storage.suspend(SuspensionScope(task_type="a"))
+        assert await storage.next_run_at([(None, "a")]) is None
+        assert await storage.next_run_at([(None, "b")]) is not None
+        await storage.suspend(SuspensionScope(app_id="x"))
+        assert await storage.next_run_at([(None, "b"), ("x", "b")]) is None
+        await storage.resume(SuspensionScope(task_type="a"))
+        assert await storage.next_run_at([(None, "a")]) is not None
+
+    async def test_cancelling_a_leader_returns_only_the_aliases_it_changed(
+        self, storage: TaskStorage
+    ) -> None:
+        (leader,) = await storage.enqueue([new_task("t", dedupe_key="k")])
+        early, late = await storage.enqueue(
+            [new_task("t", dedupe_key="k"), new_task("t", dedupe_key="k")]
+        )
+        await storage.cancel(task_ids=[early.id], reason=CancelReason.USER)
+        changed = await storage.cancel(task_ids=[leader.id], reason=CancelReason.USER)
+        assert sorted(t.id for t in changed) == sorted([leader.id, late.id])
+
+    async def test_cascade_reaches_the_children_of_a_selected_alias(
+        self, storage: TaskStorage
+    ) -> None:
+        (leader,) = await storage.enqueue([new_task("t", dedupe_key="k")])
+        (alias,) = await storage.enqueue([new_task("t", dedupe_key="k")])
+        (child,) = await storage.enqueue([new_task("c", parent_id=alias.id)])
+        await storage.cancel(task_ids=[leader.id, alias.id], reason=CancelReason.USER)
+        assert await _status(storage, child.id) is TaskStatus.CANCELLED
+
     # -- leases -----------------------------------------------------------------------
 
     async def test_watch_leases_reads_without_extending(self, storage: TaskStorage) -> None:

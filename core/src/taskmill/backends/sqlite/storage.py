@@ -1436,7 +1436,14 @@ def _attempts(conn: sqlite3.Connection, task_id: str) -> list[Attempt]:
     ]
 
 
-_NEXT_HOST: Final = f"SELECT min(run_at) FROM tasks WHERE {_CLAIMABLE} AND task_type = ?"
+_NOT_SUSPENDED: Final = (
+    " AND NOT EXISTS (SELECT 1 FROM suspensions s"
+    " WHERE (s.task_type IS NULL OR s.task_type = tasks.task_type)"
+    " AND (s.app_id IS NULL OR s.app_id IS tasks.app_id))"
+)
+_NEXT_HOST: Final = (
+    f"SELECT min(run_at) FROM tasks WHERE {_CLAIMABLE} AND task_type = ?{_NOT_SUSPENDED}"
+)
 _NEXT_APP: Final = f"{_NEXT_HOST} AND app_id = ?"
 
 
