@@ -68,6 +68,39 @@ class StorageCapabilities:
     """The backend pushes 'new work' to idle workers instead of relying on polling."""
 
 
+class StoreChange(enum.Enum):
+    """What a change notification is about (see :meth:`TaskStorage.change_listener`)."""
+
+    WORK = "work"
+    """Tasks became claimable: enqueued, retried, requeued, resumed."""
+    CONTROL = "control"
+    """A running task was cancelled or asked to stop (cancel, suspension)."""
+    EVENTS = "events"
+    """New entries in the event log."""
+
+
+class ChangeListener(abc.ABC):
+    """Push notifications of changes committed by any process sharing the store.
+
+    Backends with a notification channel (PostgreSQL LISTEN/NOTIFY, MongoDB change
+    streams) provide one; workers and ``tm.events`` then wake at once instead of waiting
+    for their next poll. Notifications are hints: a listener may coalesce or (after a
+    reconnect) miss some, so callers keep polling as a fallback at a slower pace.
+    """
+
+    @abc.abstractmethod
+    async def wait(self, kinds: frozenset[StoreChange], timeout: float) -> bool:
+        """Wait until a change of one of ``kinds`` is notified after this call began, or
+        ``timeout`` seconds pass.
+
+        :returns: True when notified, False on timeout.
+        """
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Stop listening (idempotent)."""
+
+
 @attrs.frozen
 class NewTask:
     """A fully resolved task to insert; built by the core from a ``TaskSpec``."""
@@ -178,6 +211,15 @@ class TaskStorage(abc.ABC):
     capabilities: ClassVar[StorageCapabilities] = StorageCapabilities()
 
     url: str
+
+    async def change_listener(self) -> ChangeListener | None:
+        """A listener for changes committed by any process, or None when the backend
+        has no notification channel (``capabilities.notifications`` False) and callers
+        must poll. Each call returns a new listener; the caller closes it.
+
+        :raises StorageUnavailable: the notification channel cannot be opened.
+        """
+        return None
 
     # -- lifecycle ---------------------------------------------------------------
 
