@@ -141,9 +141,13 @@ class Task:
     def evolve(self, **changes: Any) -> Task:
         """A copy of this snapshot with ``changes`` applied (for stores building the
         next snapshot; faster than ``attrs.evolve``)."""
-        values = dict(zip(_TASK_FIELDS, _task_values(self), strict=True))
-        values.update(changes)
-        return Task(**values)
+        values = list(_task_values(self))
+        for name, value in changes.items():
+            try:
+                values[_TASK_INDEX[name]] = value
+            except KeyError:
+                raise TypeError(f"Task has no field {name!r}") from None
+        return Task(*values)
 
     @property
     def is_alias(self) -> bool:
@@ -152,6 +156,7 @@ class Task:
 
 
 _TASK_FIELDS = tuple(a.name for a in attrs.fields(Task))
+_TASK_INDEX = {name: i for i, name in enumerate(_TASK_FIELDS)}
 _task_values = operator.attrgetter(*_TASK_FIELDS)
 
 

@@ -58,12 +58,16 @@ def from_dict(cls: type[T], value: dict[str, Any]) -> T:
     return converter.structure(value, cls)
 
 
+# One encoder: json.dumps builds a new one on every call with non-default options.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def dumps(value: JSON) -> str:
     """Compact JSON text; rejects NaN/Infinity and anything not JSON.
 
     :raises TypeError, ValueError: the value is not JSON-serializable.
     """
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _ENCODER.encode(value)
 
 
 def loads(text: str) -> JSON:
