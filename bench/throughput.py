@@ -106,10 +106,20 @@ async def drain_in_this_process(args: argparse.Namespace) -> None:
     print(json.dumps({"seconds": seconds, "processed": processed}))
 
 
-def drain_in_worker_process(url: str, task_type: str, concurrency: int,
-                            profile: Path | None) -> tuple[float, int]:
-    command = [sys.executable, str(Path(__file__).resolve()), "--drain", "--url", url,
-               "--task-type", task_type, "--concurrency", str(concurrency)]
+def drain_in_worker_process(
+    url: str, task_type: str, concurrency: int, profile: Path | None
+) -> tuple[float, int]:
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--drain",
+        "--url",
+        url,
+        "--task-type",
+        task_type,
+        "--concurrency",
+        str(concurrency),
+    ]
     if profile:
         command += ["--profile", str(profile)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -135,9 +145,16 @@ def store_for_run(backend: str, url: str | None) -> Iterator[str]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-async def run_once(backend: str, url: str | None, *, tasks: int, batch_size: int,
-                   concurrency: int, worker_process: bool,
-                   profile: Path | None) -> dict[str, Any]:
+async def run_once(
+    backend: str,
+    url: str | None,
+    *,
+    tasks: int,
+    batch_size: int,
+    concurrency: int,
+    worker_process: bool,
+    profile: Path | None,
+) -> dict[str, Any]:
     task_type = f"bench-noop-{uuid.uuid4().hex[:8]}"
     with store_for_run(backend, url) as run_url:
         tm = open_taskmill(run_url, task_type)
@@ -186,8 +203,9 @@ def _ram_gib() -> float:
 
 
 def _git(*args: str) -> str:
-    done = subprocess.run(["git", "-C", str(REPO_DIR), *args], capture_output=True,
-                          text=True, check=False)
+    done = subprocess.run(
+        ["git", "-C", str(REPO_DIR), *args], capture_output=True, text=True, check=False
+    )
     return done.stdout.strip() if done.returncode == 0 else "unknown"
 
 
@@ -266,8 +284,7 @@ def write_summary(results_dir: Path) -> Path:
         "(../../docs/benchmarks.md).\n\n"
         "| date (UTC) | backend | tasks | batch | concurrency | worker | enqueue/s | "
         "processed/s | machine | commit | file |\n"
-        "|---|---|---:|---:|---:|---|---:|---:|---|---|---|\n"
-        + "\n".join(rows) + "\n"
+        "|---|---|---:|---:|---:|---|---:|---:|---|---|---|\n" + "\n".join(rows) + "\n"
     )
     return summary
 
@@ -279,29 +296,52 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Enqueue and processing throughput of no-op tasks, per backend.",
     )
-    parser.add_argument("--backend", action="append", choices=sorted(BACKEND_URLS),
-                        default=[], help="memory or sqlite (repeatable)")
-    parser.add_argument("--url", action="append", default=[],
-                        help="any storage URL, e.g. postgresql://... (repeatable)")
+    parser.add_argument(
+        "--backend",
+        action="append",
+        choices=sorted(BACKEND_URLS),
+        default=[],
+        help="memory or sqlite (repeatable)",
+    )
+    parser.add_argument(
+        "--url",
+        action="append",
+        default=[],
+        help="any storage URL, e.g. postgresql://... (repeatable)",
+    )
     parser.add_argument("--tasks", type=int, default=50_000, help="tasks per run")
-    parser.add_argument("--batch-size", type=int, default=1_000,
-                        help="tasks per enqueue_many call")
-    parser.add_argument("--concurrency", type=int, default=100,
-                        help="worker slots for the main figure")
-    parser.add_argument("--default-concurrency", type=int, default=DEFAULT_CONCURRENCY,
-                        help="slots for the secondary figure (0: skip it)")
+    parser.add_argument("--batch-size", type=int, default=1_000, help="tasks per enqueue_many call")
+    parser.add_argument(
+        "--concurrency", type=int, default=100, help="worker slots for the main figure"
+    )
+    parser.add_argument(
+        "--default-concurrency",
+        type=int,
+        default=DEFAULT_CONCURRENCY,
+        help="slots for the secondary figure (0: skip it)",
+    )
     parser.add_argument("--repeat", type=int, default=3, help="runs per setting")
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--worker-process", dest="worker_process", action="store_true",
-                      default=None, help="drain in a separate process (default except "
-                      "for memory://, which cannot be shared)")
-    mode.add_argument("--in-process", dest="worker_process", action="store_false",
-                      help="drain in the benchmark's own process")
+    mode.add_argument(
+        "--worker-process",
+        dest="worker_process",
+        action="store_true",
+        default=None,
+        help="drain in a separate process (default except for memory://, which cannot be shared)",
+    )
+    mode.add_argument(
+        "--in-process",
+        dest="worker_process",
+        action="store_false",
+        help="drain in the benchmark's own process",
+    )
     parser.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR)
-    parser.add_argument("--no-record", action="store_true",
-                        help="print the figures without writing result files")
-    parser.add_argument("--profile", type=Path,
-                        help="write a cProfile of the (last) drain to this file")
+    parser.add_argument(
+        "--no-record", action="store_true", help="print the figures without writing result files"
+    )
+    parser.add_argument(
+        "--profile", type=Path, help="write a cProfile of the (last) drain to this file"
+    )
     parser.add_argument("--drain", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--task-type", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -317,8 +357,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-async def bench_backend(args: argparse.Namespace, backend: str | None,
-                        url: str | None) -> dict[str, Any]:
+async def bench_backend(
+    args: argparse.Namespace, backend: str | None, url: str | None
+) -> dict[str, Any]:
     label = backend_label(backend, url)
     machine = machine_details()  # before the runs, so the load average is not ours
     is_memory = (url or BACKEND_URLS.get(backend or "", "")) == "memory://"
@@ -333,29 +374,39 @@ async def bench_backend(args: argparse.Namespace, backend: str | None,
         runs = []
         for number in range(1, args.repeat + 1):
             run = await run_once(
-                backend or "url", url, tasks=args.tasks, batch_size=args.batch_size,
-                concurrency=concurrency, worker_process=worker_process,
+                backend or "url",
+                url,
+                tasks=args.tasks,
+                batch_size=args.batch_size,
+                concurrency=concurrency,
+                worker_process=worker_process,
                 profile=args.profile,
             )
             runs.append(run)
-            print(f"{label:>10}  concurrency {concurrency:>4}  run {number}/{args.repeat}: "
-                  f"enqueue {run['enqueue_per_s']:>9,.0f}/s  "
-                  f"processed {run['process_per_s']:>9,.0f}/s", flush=True)
-        figures.append({
-            "concurrency": concurrency,
-            "worker": "separate process" if worker_process else "in-process",
-            "enqueue_per_s_median": statistics.median(r["enqueue_per_s"] for r in runs),
-            "process_per_s_median": statistics.median(r["process_per_s"] for r in runs),
-            "enqueue_per_s": [r["enqueue_per_s"] for r in runs],
-            "process_per_s": [r["process_per_s"] for r in runs],
-            "runs": runs,
-        })
+            print(
+                f"{label:>10}  concurrency {concurrency:>4}  run {number}/{args.repeat}: "
+                f"enqueue {run['enqueue_per_s']:>9,.0f}/s  "
+                f"processed {run['process_per_s']:>9,.0f}/s",
+                flush=True,
+            )
+        figures.append(
+            {
+                "concurrency": concurrency,
+                "worker": "separate process" if worker_process else "in-process",
+                "enqueue_per_s_median": statistics.median(r["enqueue_per_s"] for r in runs),
+                "process_per_s_median": statistics.median(r["process_per_s"] for r in runs),
+                "enqueue_per_s": [r["enqueue_per_s"] for r in runs],
+                "process_per_s": [r["process_per_s"] for r in runs],
+                "runs": runs,
+            }
+        )
     return {
         "benchmark": "throughput",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "backend": label,
-        "url": redact(url) if url else (BACKEND_URLS.get(backend or "")
-                                        or "sqlite:///<fresh temp file per run>"),
+        "url": redact(url)
+        if url
+        else (BACKEND_URLS.get(backend or "") or "sqlite:///<fresh temp file per run>"),
         "settings": {
             "tasks": args.tasks,
             "batch_size": args.batch_size,
@@ -376,10 +427,12 @@ async def main(args: argparse.Namespace) -> None:
     for backend, url in targets:
         record = await bench_backend(args, backend, url)
         for figure in record["figures"]:
-            print(f"{record['backend']:>10}  concurrency {figure['concurrency']:>4}  "
-                  f"median: enqueue {figure['enqueue_per_s_median']:>9,.0f}/s  "
-                  f"processed {figure['process_per_s_median']:>9,.0f}/s  "
-                  f"({figure['worker']})")
+            print(
+                f"{record['backend']:>10}  concurrency {figure['concurrency']:>4}  "
+                f"median: enqueue {figure['enqueue_per_s_median']:>9,.0f}/s  "
+                f"processed {figure['process_per_s_median']:>9,.0f}/s  "
+                f"({figure['worker']})"
+            )
         if not args.no_record:
             path = write_results(args.results_dir, record)
             shown = path.relative_to(REPO_DIR) if path.is_relative_to(REPO_DIR) else path

@@ -261,11 +261,8 @@ async def test_events_stream_every_change_in_order(tm: Taskmill):
     seen: list[TaskEvent] = []
 
     async def subscribe(ready: asyncio.Event) -> None:
-        stream = tm.events(TaskFilter(task_types=("job",)))
-        first = asyncio.ensure_future(stream.__anext__())
-        await asyncio.sleep(0.05)
+        stream = await tm.subscribe(TaskFilter(task_types=("job",)))
         ready.set()
-        seen.append(await first)
         async for event in stream:
             seen.append(event)
             if event.status.terminal:
@@ -304,7 +301,13 @@ async def test_for_app_stamps_and_isolates(tm: Taskmill):
         await photos.batch_children(theirs.id, [{"task_type": "x"}])
     with pytest.raises(InvalidTaskSpec, match="bound to app 'photos'"):
         await photos.enqueue("thumb", app_id="docs")
-    assert await photos.cancel_by_filter(TaskFilter(app_id="docs")) == 1  # its own only
+    with pytest.raises(InvalidTaskSpec, match="cannot select tasks of app 'docs'"):
+        await photos.cancel_by_filter(TaskFilter(app_id="docs"))
+    with pytest.raises(InvalidTaskSpec):
+        await photos.query(TaskFilter(app_id="docs"))
+    assert await photos.cancel_by_filter(TaskFilter(statuses=[TaskStatus.RUNNING])) == 0
+    assert (await tm.get(mine.id)).status is TaskStatus.PENDING  # type: ignore[union-attr]
+    assert await photos.cancel_by_filter(TaskFilter()) == 1  # its own only
     assert (await tm.get(theirs.id)).status is TaskStatus.PENDING  # type: ignore[union-attr]
     assert await photos.preempt("thumb") == 0
     await photos.suspend("thumb")

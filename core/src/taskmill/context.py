@@ -214,7 +214,9 @@ class Context:
         """Everything the handler changed over the attempt (for the finish write)."""
         if not self._touched:  # most handlers report nothing: skip the lock and compare
             return None, None
+        # Everything reported, not just what differs from the claimed snapshot: a
+        # coalesced write may have stored an intermediate value meanwhile.
         with self._lock:
-            progress = self._progress if self._progress != self._task.progress else None
-            data = dict(self._data) if self._data != self._task.data else None
+            progress = self._progress
+            data = dict(self._data)
         return progress, data

@@ -29,6 +29,7 @@ from taskmill.model import (
     TaskEvent,
     TaskFilter,
     TaskSpec,
+    TaskStatus,
 )
 from taskmill.serialization import encode_params
 from taskmill.storage import NewTask, utcnow
@@ -72,9 +73,14 @@ class TaskOperations:
 
     def _scoped(self, filter: TaskFilter | None) -> TaskFilter:
         filter = filter or TaskFilter()
-        if self._app_id is not None and filter.app_id != self._app_id:
-            filter = attrs.evolve(filter, app_id=self._app_id)
-        return filter
+        if self._app_id is None or filter.app_id == self._app_id:
+            return filter
+        if filter.app_id is not None:
+            raise InvalidTaskSpec(
+                f"these operations are bound to app {self._app_id!r} and cannot select "
+                f"tasks of app {filter.app_id!r}"
+            )
+        return attrs.evolve(filter, app_id=self._app_id)
 
     def _stamped(self, spec: TaskSpec) -> TaskSpec:
         if self._app_id is None or spec.app_id == self._app_id:
@@ -279,31 +285,50 @@ class TaskOperations:
         self._host._check_open()
         return await self._host.storage.summary(self._scoped(filter))
 
-    async def events(
+    def events(
         self,
         filter: TaskFilter | None = None,
         *,
+        since: int | None = None,
         poll_interval: float = 0.1,
     ) -> AsyncIterator[TaskEvent]:
-        """Every change to the selected tasks from now on, from every process sharing
-        the store: an endless async iterator (break out of it to stop).
+        """Every change to the selected tasks, from every process sharing the store: an
+        endless async iterator (break out of it to stop).
 
-        Delivery is at least once from the moment of subscription and in order per
-        task (in fact in commit order overall). ``event.task`` is the snapshot when the
-        event is read; ``event.status`` is the status the change produced. The store
-        is polled, starting at 10 ms after activity and backing off to
+        It starts where the log is when iteration begins, or right after cursor
+        ``since`` (an ``event.cursor`` seen earlier: resume without a gap). Use
+        :meth:`subscribe` to fix the starting point before iterating. Delivery is at
+        least once and in commit order (so in order per task). ``event.task`` is the
+        snapshot when the event is read; ``event.status`` is the status the change
+        produced. The store is polled, 10 ms after activity, backing off to
         ``poll_interval``. A subscriber that falls behind by more than the workers'
         ``event_retention`` misses the pruned events.
         """
+        return self._event_stream(filter, since, poll_interval)
+
+    async def subscribe(
+        self, filter: TaskFilter | None = None, *, poll_interval: float = 0.1
+    ) -> AsyncIterator[TaskEvent]:
+        """Like :meth:`events`, but the subscription starts now, before this returns:
+        every change committed after the ``await`` is delivered."""
         self._host._check_open()
-        filter = self._scoped(filter) if (filter or self._app_id) else None
+        _, cursor = await self._host.storage.read_events(None)
+        return self._event_stream(filter, cursor, poll_interval)
+
+    async def _event_stream(
+        self, filter: TaskFilter | None, since: int | None, poll_interval: float
+    ) -> AsyncIterator[TaskEvent]:
+        self._host._check_open()
+        selected = self._scoped(filter) if (filter or self._app_id) else None
         storage = self._host.storage
-        _, cursor = await storage.read_events(None)
+        cursor = since
+        if cursor is None:
+            _, cursor = await storage.read_events(None)
         delay = 0.01
         while True:
             batch, next_cursor = await storage.read_events(cursor)
             for event in batch:
-                if event_matches(filter, event):
+                if event_matches(selected, event):
                     yield event
             if next_cursor == cursor:
                 await asyncio.sleep(delay)
@@ -358,7 +383,12 @@ class TaskOperations:
         """Cancel every active task ``filter`` selects; returns how many tasks changed
         (cascaded children and aliases included)."""
         self._host._check_open()
-        scoped = attrs.evolve(self._scoped(filter), statuses=tuple(ACTIVE_STATUSES))
+        scoped = self._scoped(filter)
+        wanted = ACTIVE_STATUSES if scoped.statuses is None else set(scoped.statuses)
+        active = tuple(s for s in TaskStatus if s in wanted and s in ACTIVE_STATUSES)
+        if not active:
+            return 0
+        scoped = attrs.evolve(scoped, statuses=active)
         changed = await self._host.storage.cancel(filter=scoped, reason=reason, cascade=cascade)
         await self._host._tasks_cancelled(changed)
         return len(changed)

@@ -469,4 +469,3 @@ class TaskStorage(abc.ABC):
     @abc.abstractmethod
     async def prune_events(self, older_than: timedelta) -> int:
         """Delete events recorded more than ``older_than`` ago; returns how many."""
-

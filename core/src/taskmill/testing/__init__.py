@@ -201,9 +201,7 @@ class StorageContract(ControlContract):
     ) -> None:
         await storage.enqueue([new_task("t", app_id="a") for _ in range(3)])
         await storage.enqueue([new_task("t") for _ in range(2)])
-        claimed = await storage.claim_batch(
-            claim("t", ("a", "t"), limit=10, caps={("a", "t"): 0})
-        )
+        claimed = await storage.claim_batch(claim("t", ("a", "t"), limit=10, caps={("a", "t"): 0}))
         assert [t.app_id for t in claimed] == [None, None]
 
     async def test_a_task_is_claimed_by_one_worker_only(self, storage: TaskStorage) -> None:
