@@ -14,15 +14,22 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 import pytest
 from taskmill import Task, TaskFilter, Taskmill, TaskStatus
-from taskmill.demo import BAD_RECORD_EMAIL, FETCH_MAX_RETRIES, TASK_TYPES
 from taskmill.discovery import installed_schemes
 
 SCRIPT = Path(sys.executable).with_name("taskmill")
+
+# The demo's handlers come from the installed taskmill-demo plugin, found the way the
+# CLI finds it: through its entry point.
+(_DEMO_ENTRY_POINT,) = entry_points(group="taskmill.plugins", name="demo")
+DEMO = _DEMO_ENTRY_POINT.load()
+assert _DEMO_ENTRY_POINT.dist is not None
+DEMO_VERSION = _DEMO_ENTRY_POINT.dist.version
 
 HANDLERS = '''
 """Handlers the CLI tests load with `taskmill worker --import cli_handlers`."""
@@ -230,11 +237,12 @@ def test_enqueue_with_an_active_dedupe_key_reports_the_alias(cli, url):
     assert _task(url, alias.stdout.strip()).alias_of == leader
 
 
-def test_enqueue_takes_max_retries_from_the_handler_modules_it_is_given(cli, url):
-    plain = json.loads(_ok(cli("--url", url, "enqueue", "demo.fetch", "--json")))
-    with_handlers = json.loads(_ok(cli("--url", url, "enqueue", "demo.fetch", "--demo", "--json")))
-    assert plain["max_retries"] == 3
-    assert with_handlers["max_retries"] == FETCH_MAX_RETRIES
+def test_enqueue_takes_max_retries_from_the_handler_an_installed_plugin_registered(cli, url):
+    fetch = ("--url", url, "enqueue", "fetch", "--app-id", DEMO.APP_ID, "--json")
+    with_plugin = json.loads(_ok(cli(*fetch)))
+    without_plugin = json.loads(_ok(cli(*fetch, TASKMILL_DISABLE_PLUGINS="demo")))
+    assert with_plugin["max_retries"] == DEMO.FETCH_MAX_RETRIES != 3
+    assert without_plugin["max_retries"] == 3
 
 
 def test_worker_until_idle_leaves_a_task_that_is_due_later_pending(cli, url):
@@ -424,7 +432,7 @@ def test_a_backend_that_is_not_installed_exits_2_naming_the_package(cli):
 
 
 def test_a_worker_without_handlers_exits_2(cli, url):
-    process = cli("--url", url, "worker", "--until-idle")
+    process = cli("--url", url, "worker", "--until-idle", TASKMILL_DISABLE_PLUGINS="demo")
     assert process.returncode == 2
     assert "no handlers to run" in process.stderr
 
@@ -499,7 +507,7 @@ def _demo_run(output: str) -> tuple[str, dict[str, list[int]]]:
     summary = output.split("summary (", 1)[1].split("list this run's tasks", 1)[0]
     for line in summary.splitlines():
         cells = line.split()
-        if cells and (cells[0] in TASK_TYPES or cells[0] == "total"):
+        if cells and (cells[0] in DEMO.TASK_TYPES or cells[0] == "total"):
             rows[cells[0]] = [int(c) for c in cells[1:5]]
     return run.group(1), rows
 
@@ -523,15 +531,16 @@ def test_demo_runs_every_handler_and_its_summary_matches_the_database(cli, url):
     run, printed = _demo_run(output)
     tasks, stored = _stored_run(url, run)
     assert len(tasks) == 12
+    assert {t.app_id for t in tasks} == {DEMO.APP_ID}
     assert printed == stored
-    assert set(printed) == {*TASK_TYPES, "total"}
+    assert set(printed) == {*DEMO.TASK_TYPES, "total"}
     # Everything finished; only the bad record is a dead letter; flaky fetches retried.
     assert printed["total"][1:3] == [11, 1]
     (dead,) = [t for t in tasks if t.status is TaskStatus.FAILED]
-    assert dead.task_type == "demo.validate"
-    assert dead.params["record"]["email"] == BAD_RECORD_EMAIL
+    assert dead.task_type == DEMO.VALIDATE
+    assert dead.params["record"]["email"] == DEMO.BAD_RECORD_EMAIL
     assert dead.attempts == 1
-    assert printed["demo.fetch"][3] >= 1
+    assert printed[DEMO.FETCH][3] >= 1
     assert f"taskmill --url {url} retry {dead.id[:8]}" in output
     assert "12/12 done" in output
 
@@ -557,6 +566,58 @@ def test_demo_honours_taskmill_url_from_the_environment(cli, url, tmp_path):
     assert len(_stored_run(url, run)[0]) == 3
 
 
+def test_demo_without_the_demo_plugin_says_what_to_do_and_creates_no_database(cli, url, tmp_path):
+    process = cli("--url", url, "demo", "--tasks", "3", TASKMILL_DISABLE_PLUGINS="demo")
+    assert process.returncode == 2
+    assert process.stderr.startswith("error: taskmill demo runs the tasks of the taskmill-demo")
+    assert "TASKMILL_DISABLE_PLUGINS disables" in process.stderr
+    assert not (tmp_path / "t.db").exists()
+
+
+# -- plugins ------------------------------------------------------------------------
+
+
+def test_plugins_lists_the_installed_plugins_with_their_distributions_and_handlers(cli):
+    document = json.loads(_ok(cli("plugins", "--json")))
+    plugins = {p["name"]: p for p in document["plugins"]}
+    assert document["disabled"] == []
+    demo = plugins["demo"]
+    assert (demo["distribution"], demo["version"]) == (
+        "taskmill-demo",
+        DEMO_VERSION,
+    )
+    assert [(h["app_id"], h["task_type"]) for h in demo["handlers"]] == [
+        (DEMO.APP_ID, t) for t in DEMO.TASK_TYPES
+    ]
+    assert {h["task_type"]: h["max_retries"] for h in demo["handlers"]}[DEMO.FETCH] == (
+        DEMO.FETCH_MAX_RETRIES
+    )
+    assert "taskmill_register_handlers" in demo["hooks"]
+    assert plugins["prometheus"]["distribution"] == "taskmill-prometheus"
+    assert plugins["prometheus"]["handlers"] == []
+    assert "taskmill_task_finished" in plugins["prometheus"]["hooks"]
+
+    table = _ok(cli("plugins"))
+    row = next(line for line in table.splitlines() if line.startswith("demo "))
+    assert row.split()[:4] == [
+        "demo",
+        "taskmill-demo",
+        DEMO_VERSION,
+        "media/scan",
+    ]
+    assert "media/validate" in table
+
+
+def test_plugins_names_the_plugins_taskmill_disable_plugins_skips(cli):
+    document = json.loads(
+        _ok(cli("plugins", "--json", TASKMILL_DISABLE_PLUGINS="demo, prometheus"))
+    )
+    assert document == {"plugins": [], "disabled": ["demo", "prometheus"]}
+    table = _ok(cli("plugins", TASKMILL_DISABLE_PLUGINS="demo"))
+    assert "disabled by TASKMILL_DISABLE_PLUGINS: demo" in table
+    assert "taskmill-demo" not in table
+
+
 def test_the_module_runs_as_python_dash_m(tmp_path):
     process = subprocess.run(
         [sys.executable, "-m", "taskmill.cli", "--help"],
@@ -577,5 +638,6 @@ def test_the_module_runs_as_python_dash_m(tmp_path):
         "cleanup",
         "migrate",
         "stats",
+        "plugins",
     ):
         assert command in process.stdout

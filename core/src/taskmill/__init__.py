@@ -12,6 +12,8 @@ from taskmill.errors import (
     InvalidTaskSpec,
     InvalidTransition,
     InvalidURL,
+    PluginError,
+    ProxyError,
     Retry,
     SchemaVersionError,
     StorageUnavailable,
@@ -19,6 +21,7 @@ from taskmill.errors import (
     TaskNotFound,
     WaitTimeout,
 )
+from taskmill.hookspecs import hookimpl
 from taskmill.model import (
     Attempt,
     AttemptOutcome,
@@ -35,7 +38,9 @@ from taskmill.model import (
     TaskStatus,
 )
 from taskmill.operations import AppTasks
-from taskmill.registry import Handler, HandlerRegistry
+from taskmill.plugins import PluginInfo
+from taskmill.proxy import ProxyHandler, SubprocessHandler
+from taskmill.registry import Handler, HandlerRegistrar, HandlerRegistry
 from taskmill.storage import TaskStorage
 from taskmill.worker import Worker
 
@@ -52,18 +57,24 @@ __all__ = [
     "Fail",
     "Handler",
     "HandlerConflict",
+    "HandlerRegistrar",
     "HandlerRegistry",
     "InvalidParams",
     "InvalidTaskSpec",
     "InvalidTransition",
     "InvalidURL",
+    "PluginError",
+    "PluginInfo",
     "Priority",
     "Progress",
     "ProgressSummary",
+    "ProxyError",
+    "ProxyHandler",
     "Retry",
     "RetryPolicy",
     "SchemaVersionError",
     "StorageUnavailable",
+    "SubprocessHandler",
     "SuspensionScope",
     "Task",
     "TaskEvent",
@@ -76,4 +87,5 @@ __all__ = [
     "TaskmillError",
     "WaitTimeout",
     "Worker",
+    "hookimpl",
 ]

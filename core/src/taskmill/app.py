@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
-from datetime import timedelta
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -15,8 +15,9 @@ from taskmill.model import (
     TaskStatus,
 )
 from taskmill.operations import AppTasks, TaskOperations
+from taskmill.plugins import PluginInfo, Plugins
 from taskmill.registry import Handler, HandlerFunc, HandlerRegistry
-from taskmill.storage import Finish, TaskStorage
+from taskmill.storage import Finish, TaskStorage, utcnow
 from taskmill.worker import Worker
 
 F = TypeVar("F", bound=HandlerFunc)
@@ -31,6 +32,13 @@ class Taskmill(TaskOperations):
     ``url`` None means ``$TASKMILL_URL``, else ``sqlite:///taskmill.db``. Use it as
     ``async with Taskmill(...) as tm:`` or call :meth:`open` / :meth:`close`.
 
+    :param plugins: True (the default) loads the plugins installed in the
+        ``taskmill.plugins`` entry-point group at :meth:`open`, except those
+        ``$TASKMILL_DISABLE_PLUGINS`` names; False loads none. A sequence of plugin
+        objects (modules or instances with ``@taskmill.hookimpl`` functions) loads the
+        installed plugins and registers those objects too; see also :meth:`add_plugin`.
+        A plugin that cannot be loaded makes :meth:`open` raise
+        :class:`~taskmill.PluginError` (see docs/plugins.md).
     :param max_params_bytes: largest accepted params, as JSON (default 1 MiB).
     :param default_max_retries: retries for tasks whose handler and enqueue call do not
         say (default 3).
@@ -42,7 +50,7 @@ class Taskmill(TaskOperations):
         self,
         url: str | None = None,
         *,
-        plugins: bool = True,
+        plugins: bool | Sequence[object] = True,
         max_params_bytes: int = DEFAULT_MAX_PARAMS_BYTES,
         default_max_retries: int = DEFAULT_MAX_RETRIES,
         auto_migrate: bool = False,
@@ -55,7 +63,19 @@ class Taskmill(TaskOperations):
         self.max_params_bytes = max_params_bytes
         self.default_max_retries = default_max_retries
         self.auto_migrate = auto_migrate
-        self.load_plugins = plugins
+        self.plugins = Plugins()
+        """The loaded plugins (iterate for :class:`~taskmill.plugins.PluginInfo`)."""
+        if isinstance(plugins, bool):
+            self._discover_plugins = plugins
+        elif isinstance(plugins, str | bytes) or not isinstance(plugins, Sequence):
+            raise TypeError(
+                f"plugins must be a bool or a sequence of plugin objects, not {plugins!r}"
+            )
+        else:
+            self._discover_plugins = True
+            for plugin in plugins:
+                self.plugins.add(plugin)
+        self._plugins_loaded = False
         self._opened = False
         self._workers: weakref.WeakSet[Worker] = weakref.WeakSet()
 
@@ -68,9 +88,54 @@ class Taskmill(TaskOperations):
         :raises StorageUnavailable: the database cannot be reached.
         """
         if not self._opened:
+            self.load_plugins()
             await self.storage.open(auto_migrate=self.auto_migrate)
             self._opened = True
         return self
+
+    def load_plugins(self) -> None:
+        """Load the installed plugins (unless ``plugins=False``) and register every
+        plugin's handlers. :meth:`open` does it; call it yourself to see the plugins
+        (``tm.plugins``) without opening the storage. Does nothing the second time.
+
+        :raises PluginError: a plugin failed to import, implements an unknown hook, or
+            its ``taskmill_register_handlers`` failed. Nothing stays loaded then, so a
+            later call starts afresh.
+        :raises HandlerConflict: a plugin registered a handler whose ``(app_id,
+            task_type)`` already has one; the message names both registrants.
+        """
+        if self._plugins_loaded:
+            return
+        try:
+            if self._discover_plugins:
+                self.plugins.load_entry_points()
+            self.plugins.register_handlers(self.registry)
+        except BaseException:
+            self.plugins.unload(self.registry)
+            raise
+        self._plugins_loaded = True
+
+    def add_plugin(self, plugin: object, *, name: str | None = None) -> PluginInfo:
+        """Register a plugin object (a module or an instance with
+        ``@taskmill.hookimpl`` functions) in code, whatever ``plugins`` said.
+
+        Its handlers are registered with the other plugins' at :meth:`open`, or at once
+        when the plugins are already loaded.
+
+        :param name: how ``taskmill plugins`` and messages name it (default: its
+            ``__name__``, else its class name).
+        :raises PluginError: the name is taken, or the object is not a valid plugin.
+        :raises HandlerConflict: see :meth:`load_plugins`. The plugin is not added then.
+        """
+        info = self.plugins.add(plugin, name)
+        if self._plugins_loaded:
+            try:
+                self.plugins.register_handlers(self.registry)
+            except BaseException:
+                self.plugins.remove(info.name, self.registry)
+                raise
+            info = self.plugins.get(info.name) or info
+        return info
 
     async def close(self) -> None:
         """Stop this object's running workers and release the storage."""
@@ -215,21 +280,43 @@ class Taskmill(TaskOperations):
             worker.notify()
 
     async def _tasks_enqueued(self, tasks: list[Task]) -> None:
-        return None
+        if self.plugins.observes_enqueues:
+            await self.plugins.tasks_enqueued(tasks)
 
     async def _tasks_cancelled(self, tasks: list[Task]) -> None:
-        return None
+        if self.plugins.observes_cancels:
+            await self.plugins.tasks_cancelled(tasks)
 
     async def _worker_started(self, worker: Worker) -> None:
-        return None
+        if self.plugins.observes_workers:
+            await self.plugins.worker_started(worker)
 
     async def _worker_stopped(self, worker: Worker) -> None:
-        return None
-
-    async def _before_handler(self, task: Task, ctx: Any) -> None:
-        return None
+        if self.plugins.observes_workers:
+            await self.plugins.worker_stopped(worker)
 
     async def _after_finish(
         self, finish: Finish, stored: Task | None, claimed: Task | None
     ) -> None:
-        return None
+        # No claimed task: nothing ran (the handler vanished before the task started).
+        if claimed is None or not self.plugins.observes_finishes:
+            return
+        if stored is None:
+            # The lease was lost (cancelled or rescued while the handler was finishing):
+            # the attempt ended the way the other writer ended it.
+            current = await self.storage.get(finish.lease.task_id)
+            await self.plugins.attempt_taken(
+                claimed, current, finish.started_at, finish.finished_at
+            )
+        else:
+            await self.plugins.attempt_finished(finish, stored)
+
+    async def _attempt_taken(
+        self, claimed: Task, current: Task | None, started_at: datetime
+    ) -> None:
+        if self.plugins.observes_finishes:
+            await self.plugins.attempt_taken(claimed, current, started_at, utcnow())
+
+    async def _tasks_rescued(self, tasks: list[Task]) -> None:
+        if self.plugins.observes_finishes:
+            await self.plugins.tasks_rescued(tasks)

@@ -6,8 +6,10 @@ done. Exit status: 0 on success, 1 when a named task does not exist, 2 for any o
 error (a bad argument or a :class:`~taskmill.TaskmillError`, printed as
 ``error: <message>`` without a traceback), 130 when interrupted.
 
-Handler modules (``--import MODULE``) expose ``register(tm: Taskmill) -> None``, which
-registers their handlers on the ``Taskmill`` the command built.
+Every command loads the installed plugins (``taskmill plugins`` lists them), so a
+worker runs the handlers of every installed handler plugin. Handler modules
+(``--import MODULE``) expose ``register(tm: Taskmill) -> None``, which registers more
+handlers on the ``Taskmill`` the command built.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from taskmill import demo
 from taskmill.app import Taskmill
 from taskmill.discovery import DEFAULT_URL
 from taskmill.errors import TaskmillError, TaskNotFound
@@ -47,8 +48,10 @@ from taskmill.model import (
     ProgressSummary,
     Task,
     TaskFilter,
+    TaskSpec,
     TaskStatus,
 )
+from taskmill.plugins import DISABLE_ENV, ENTRY_POINT_GROUP, PluginInfo
 from taskmill.serialization import to_dict
 from taskmill.storage import utcnow
 from taskmill.worker import Worker
@@ -104,7 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(command=command)
         return sub
 
-    cmd = add("demo", _demo, "Enqueue sample tasks and run them with a live progress view.")
+    cmd = add(
+        "demo",
+        _demo,
+        "Enqueue the sample tasks of the taskmill-demo plugin and run them with a live "
+        "progress view.",
+    )
     cmd.add_argument(
         "--tasks",
         type=_positive_int,
@@ -275,6 +283,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("migrate", _migrate, "Bring the database schema up to date; print its version.")
 
+    cmd = add(
+        "plugins",
+        _plugins,
+        "List the installed plugins: distribution, version, hooks and the handlers each "
+        "registered.",
+    )
+    cmd.add_argument("--json", action="store_true", help="print the list as JSON")
+
     cmd = add("stats", _stats, "Count tasks by status.")
     cmd.add_argument(
         "--type",
@@ -303,9 +319,6 @@ def _add_handler_options(cmd: argparse.ArgumentParser, purpose: str = "") -> Non
         default=[],
         metavar="MODULE",
         help=f"import MODULE and call its register(tm) to register handlers{suffix}; repeatable",
-    )
-    cmd.add_argument(
-        "--demo", action="store_true", help=f"register the demo handlers (taskmill.demo){suffix}"
     )
 
 
@@ -488,13 +501,11 @@ def _status_text(status: TaskStatus) -> Text:
 # -- shared steps -------------------------------------------------------------------
 
 
-def _load_handlers(tm: Taskmill, modules: Iterable[str], *, with_demo: bool) -> None:
-    """Register the demo handlers and each module's, through its ``register(tm)``.
+def _load_handlers(tm: Taskmill, modules: Iterable[str]) -> None:
+    """Register each module's handlers, through its ``register(tm)``.
 
     :raises TaskmillError: a module cannot be imported or has no ``register``.
     """
-    if with_demo:
-        demo.register(tm)
     # Like `python -m`, find modules in the current directory.
     if modules and os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
@@ -550,12 +561,12 @@ async def _worker(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     tm = Taskmill(args.url)
-    _load_handlers(tm, args.imports, with_demo=args.demo)
+    _load_handlers(tm, args.imports)
     async with tm:
         if not len(tm.registry):
             raise TaskmillError(
                 "no handlers to run: pass --import MODULE (a module with a register(tm) "
-                "function) or --demo"
+                "function), or install a handler plugin (see `taskmill plugins`)"
             )
         worker = tm.worker(
             concurrency=args.concurrency,
@@ -585,7 +596,7 @@ async def _worker(args: argparse.Namespace) -> int:
 
 async def _enqueue(args: argparse.Namespace) -> int:
     tm = Taskmill(args.url)
-    _load_handlers(tm, args.imports, with_demo=args.demo)
+    _load_handlers(tm, args.imports)
     async with tm:
         task = await tm.enqueue(
             args.task_type,
@@ -812,6 +823,63 @@ async def _migrate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def _plugins(args: argparse.Namespace) -> int:
+    # The plugins do not depend on the storage: list them without touching it.
+    tm = Taskmill("memory://")
+    tm.load_plugins()
+    plugins = list(tm.plugins)
+    disabled = list(tm.plugins.disabled)
+    if args.json:
+        _print_json({"plugins": [_plugin_document(p) for p in plugins], "disabled": disabled})
+        return EXIT_OK
+    console = _console()
+    if plugins:
+        console.print(_plugin_table(plugins))
+    else:
+        console.print(f"no plugins installed (entry-point group {ENTRY_POINT_GROUP})")
+    if disabled:
+        console.print(f"disabled by {DISABLE_ENV}: {', '.join(disabled)}")
+    return EXIT_OK
+
+
+def _plugin_document(plugin: PluginInfo) -> dict[str, Any]:
+    return {
+        "name": plugin.name,
+        "distribution": plugin.distribution,
+        "version": plugin.version,
+        "hooks": list(plugin.hooks),
+        "handlers": [
+            {
+                "app_id": h.app_id,
+                "task_type": h.task_type,
+                "max_retries": h.max_retries,
+                "timeout": h.timeout,
+                "concurrency": h.concurrency,
+            }
+            for h in plugin.handlers
+        ],
+    }
+
+
+def _plugin_table(plugins: Sequence[PluginInfo]) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for name in ("plugin", "distribution", "version", "handlers", "hooks"):
+        table.add_column(name, no_wrap=name != "hooks")
+    for plugin in plugins:
+        handlers = [
+            h.task_type if h.app_id is None else f"{h.app_id}/{h.task_type}"
+            for h in plugin.handlers
+        ]
+        table.add_row(
+            Text(plugin.name),
+            Text(plugin.distribution or "(added in code)"),
+            Text(plugin.version or "-"),
+            Text("\n".join(handlers) or "-"),
+            Text(", ".join(h.removeprefix("taskmill_") for h in plugin.hooks)),
+        )
+    return table
+
+
 async def _stats(args: argparse.Namespace) -> int:
     base = TaskFilter(app_id=args.app_id, user_id=args.user_id)
     scopes: list[tuple[str, TaskFilter]] = [
@@ -871,18 +939,23 @@ async def _demo(args: argparse.Namespace) -> int:
     console = _console()
     _quiet_worker_logs(console)
     tm = Taskmill(args.url)
-    demo.register(tm)
+    # Plugins first: without a demo plugin there is nothing to do, and no database to
+    # create. The run's tasks carry its id as user_id: everything below counts only
+    # them, so tasks an earlier run left in the same database do not skew the numbers.
+    tm.load_plugins()
+    found = await tm.plugins.demo_workload(args.tasks, run, uuid.uuid4().int)
+    if found is None:
+        raise TaskmillError(_no_demo_plugin(tm))
+    workload, plugin = found
     async with tm:
         console.print(
             Text.assemble(
                 "taskmill demo ",
                 (run, "bold"),
-                f": {args.tasks} tasks on {_redacted(tm.url)}, {args.concurrency} worker slots",
+                f": {len(workload)} tasks of {plugin.label} on {_redacted(tm.url)}, "
+                f"{args.concurrency} worker slots",
             )
         )
-        # The run's tasks carry its id as user_id: everything below counts only them,
-        # so tasks an earlier run left in the same database do not skew the numbers.
-        workload = demo.workload(args.tasks, user_id=run, seed=uuid.uuid4().int)
         await tm.enqueue_many(workload)
         run_filter = TaskFilter(user_id=run)
         worker = tm.worker(
@@ -894,7 +967,7 @@ async def _demo(args: argparse.Namespace) -> int:
         elapsed = await _run_with_live_view(tm, worker, run_filter, console)
         tasks = await tm.query(run_filter, limit=len(workload))
         logs = await asyncio.gather(*(tm.attempts(t.id) for t in tasks))
-    tallies = _demo_tallies(tasks, logs)
+    tallies = _demo_tallies(_task_types(plugin, workload), tasks, logs)
     console.print(_demo_summary(tallies, elapsed))
     url_option = "" if tm.url == DEFAULT_URL else f" --url {_redacted(tm.url)}"
     console.print(Text(f"list this run's tasks: taskmill{url_option} ls --user-id {run}"))
@@ -912,12 +985,32 @@ async def _demo(args: argparse.Namespace) -> int:
         console.print(
             Text(
                 f"stopped early: {unfinished} tasks are not finished; finish them with: "
-                f"taskmill{url_option} worker --demo --until-idle",
+                f"taskmill{url_option} worker --until-idle",
                 style="yellow",
             )
         )
         return EXIT_INTERRUPTED
     return EXIT_OK
+
+
+def _no_demo_plugin(tm: Taskmill) -> str:
+    if "demo" in tm.plugins.disabled:
+        return (
+            f"taskmill demo runs the tasks of the taskmill-demo plugin, which {DISABLE_ENV} "
+            "disables; take 'demo' out of it"
+        )
+    return (
+        "taskmill demo runs the tasks of the taskmill-demo plugin, which is not installed "
+        "(no installed plugin implements taskmill_demo_workload); install it with: "
+        "pip install taskmill-demo"
+    )
+
+
+def _task_types(plugin: PluginInfo, workload: Sequence[TaskSpec]) -> list[str]:
+    """The workload's task types: the plugin's handlers' order, then any others."""
+    used = {spec.task_type for spec in workload}
+    ordered = [h.task_type for h in plugin.handlers] + [s.task_type for s in workload]
+    return [t for t in dict.fromkeys(ordered) if t in used]
 
 
 async def _run_with_live_view(
@@ -1014,13 +1107,16 @@ def _demo_view(
     return Group(overall, table)
 
 
-def _demo_tallies(tasks: Sequence[Task], logs: Sequence[Sequence[Attempt]]) -> list[_TypeTally]:
-    """Per task type of the run: outcomes, retries and mean attempt time.
+def _demo_tallies(
+    task_types: Sequence[str], tasks: Sequence[Task], logs: Sequence[Sequence[Attempt]]
+) -> list[_TypeTally]:
+    """Per task type of the run, in the order given: outcomes, retries and mean attempt
+    time.
 
     ``logs`` holds each task's attempt log, in the order of ``tasks``.
     """
     tallies = []
-    for task_type in demo.TASK_TYPES:
+    for task_type in task_types:
         mine = [(t, log) for t, log in zip(tasks, logs, strict=True) if t.task_type == task_type]
         if not mine:
             continue

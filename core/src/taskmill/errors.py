@@ -54,6 +54,19 @@ class HandlerConflict(TaskmillError):
     """Two handlers were registered for the same (app_id, task_type)."""
 
 
+class PluginError(TaskmillError):
+    """A taskmill plugin could not be loaded.
+
+    The message names the plugin and its distribution. Fix or reinstall the
+    distribution, or skip the plugin with ``TASKMILL_DISABLE_PLUGINS=<name>``.
+    """
+
+
+class ProxyError(TaskmillError):
+    """The process a proxy handler delegated the task to failed; the attempt is
+    retried like any other handler error."""
+
+
 class Cancelled(TaskmillError):
     """The task was cancelled; raised by ``Context.check_cancelled()``."""
 

@@ -135,3 +135,48 @@ class HandlerRegistry:
 
     def __contains__(self, key: object) -> bool:
         return key in self._handlers
+
+
+class HandlerRegistrar:
+    """What a plugin's ``taskmill_register_handlers`` hook receives as ``registry``.
+
+    It registers into the application's :class:`HandlerRegistry` on the plugin's behalf,
+    so that a conflict names the plugin, and remembers what the plugin registered (for
+    ``taskmill plugins``).
+    """
+
+    def __init__(self, registry: HandlerRegistry, source: str) -> None:
+        self._registry = registry
+        self.source = source
+        """Who registers through this object, as conflicts name it."""
+        self.handlers: list[Handler] = []
+        """The handlers registered through this object, in order."""
+
+    def register(
+        self,
+        task_type: str,
+        handler: HandlerFunc,
+        *,
+        app_id: str | None = None,
+        max_retries: int | None = None,
+        timeout: float | None = None,
+        concurrency: int | None = None,
+    ) -> Handler:
+        """Register ``handler`` for ``(app_id, task_type)``, with the options of
+        ``Taskmill.handler``.
+
+        :raises HandlerConflict: that key already has a handler (the message names both
+            registrants).
+        :raises ValueError: an option is out of range.
+        """
+        record = self._registry.register(
+            task_type,
+            handler,
+            app_id=app_id,
+            max_retries=max_retries,
+            timeout=timeout,
+            concurrency=concurrency,
+            source=self.source,
+        )
+        self.handlers.append(record)
+        return record

@@ -30,7 +30,7 @@ import attrs
 from taskmill.backoff import RetryPolicy
 from taskmill.context import Context
 from taskmill.errors import Cancelled, Fail, Retry
-from taskmill.model import AttemptOutcome, CancelReason, Priority, Task
+from taskmill.model import AttemptOutcome, CancelReason, Priority, Task, TaskStatus
 from taskmill.registry import Handler
 from taskmill.serialization import dumps
 from taskmill.storage import (
@@ -135,7 +135,7 @@ class Worker:
         handle_signals: bool = True,
         idle_horizon: float = 60.0,
         cancel_check_interval: float = 0.5,
-        event_retention: timedelta = timedelta(minutes=10),
+        event_retention: timedelta = timedelta(minutes=2),
         cleanup_older_than: timedelta | None = None,
         cleanup_interval: float = 300.0,
     ) -> None:
@@ -187,6 +187,11 @@ class Worker:
         """Attempts this worker finished (any outcome)."""
 
     # -- public API -------------------------------------------------------------------
+
+    @property
+    def taskmill(self) -> Taskmill:
+        """The :class:`~taskmill.Taskmill` whose handlers and storage this worker uses."""
+        return self._tm
 
     @property
     def running(self) -> int:
@@ -314,10 +319,16 @@ class Worker:
             timeout: float | None = poll if has_free else None
             # Only a claim that found nothing can mean idle: asking the store when work
             # is next due is a query of its own (on SQLite a scan of pending tasks).
-            if until_idle and drained and not claimed and not self._running and (
-                not self._finishes
+            if (
+                until_idle
+                and drained
+                and not claimed
+                and not self._running
+                and (not self._finishes)
             ):
                 await self._flush_all()
+                if await self._rescue_once():
+                    continue  # expired leases of dead workers are work, not idleness
                 due_in = await self._seconds_until_due()
                 if due_in is None or due_in > self.idle_horizon:
                     return
@@ -349,8 +360,8 @@ class Worker:
         return handlers
 
     async def _fill_slots(self) -> tuple[int, bool]:
-        """Claim into free slots; returns (claimed, drained) where drained means a claim
-        came back short, so nothing more is claimable right now."""
+        """Claim into free slots; returns (claimed, drained) where drained means nothing
+        more is claimable into the free slots right now."""
         if self._stopping:
             return 0, False
         general = self.concurrency - self.reserved_high_priority_slots
@@ -377,6 +388,10 @@ class Worker:
                 self._start(task)
             claimed += len(batch)
             if len(batch) < free:
+                return claimed, True
+            if min_priority is None and batch[-1].priority < _HIGH_PRIORITY:
+                # A claim takes the highest priorities first, so nothing the reserved
+                # slots may take was left behind: claiming for them would find nothing.
                 return claimed, True
         return claimed, False
 
@@ -430,7 +445,6 @@ class Worker:
 
     async def _call_handler(self, execution: _Execution) -> Any:
         handler, ctx, params = execution.handler, execution.ctx, execution.task.params
-        await self._tm._before_handler(execution.task, ctx)
         if handler.is_async:
             coroutine = handler.func(ctx, params)
             assert asyncio.iscoroutine(coroutine) or isinstance(coroutine, Awaitable)
@@ -439,9 +453,9 @@ class Worker:
             async with asyncio.timeout(handler.timeout):
                 return await coroutine
         loop = asyncio.get_running_loop()
-        call: Callable[[], Any] = lambda: contextvars.copy_context().run(  # noqa: E731
-            handler.func, ctx, params
-        )
+        # Copied here, on the loop: the thread sees the context variables set around
+        # the call (by a plugin's handler context, say); a new thread has none.
+        call = functools.partial(contextvars.copy_context().run, handler.func, ctx, params)
         future = _run_in_thread(loop, call)
         if handler.timeout is None:
             return await future
@@ -458,7 +472,13 @@ class Worker:
         error: str | None = None
         retry_delay: float | None = None
         try:
-            result = await self._call_handler(execution)
+            plugins = self._tm.plugins
+            if plugins.intercepts_handlers:  # started hooks, handler contexts
+                result = await plugins.run_handler(
+                    task, ctx, self.worker_id, functools.partial(self._call_handler, execution)
+                )
+            else:
+                result = await self._call_handler(execution)
             try:
                 result_json = _NULL if result is None else dumps(result)
             except (TypeError, ValueError) as exc:
@@ -572,7 +592,6 @@ class Worker:
                 await asyncio.sleep(delay)
                 delay = min(5.0, delay * 2)
                 continue
-            self._flushing = False
             self.processed += len(batch)
             for (finish, claimed), stored in zip(batch, results, strict=True):
                 if stored is None:
@@ -587,6 +606,9 @@ class Worker:
                     log.exception(
                         "after-finish notification for task %s failed", finish.lease.task_id
                     )
+            # Only now: a shutdown waiting for the flush also waits for the
+            # notifications, so that no plugin hears of a worker stop before its tasks.
+            self._flushing = False
         self._flushed.set()
         if self._wake is not None:
             self._wake.set()
@@ -660,12 +682,18 @@ class Worker:
         execution.abandoned = True
         current = await self._tm.storage.get(execution.task.id)
         reason = (current.cancel_reason if current is not None else None) or (CancelReason.USER)
-        log.warning(
-            "task %s: lease lost (%s); stopping its handler",
-            execution.task.id,
-            current.status.value if current else "deleted",
-        )
+        if current is not None and current.status is TaskStatus.CANCELLED:
+            log.info(
+                "task %s was cancelled (%s); stopping its handler", execution.task.id, reason.value
+            )
+        else:
+            log.warning(
+                "task %s: lease lost (%s); stopping its handler",
+                execution.task.id,
+                current.status.value if current else "deleted",
+            )
         execution.ctx._interrupt(reason)
+        await self._tm._attempt_taken(execution.task, current, execution.started_at)
 
     async def _save_progress_loop(self) -> None:
         while True:
@@ -697,7 +725,7 @@ class Worker:
             if deleted:
                 log.info("cleanup deleted %d finished tasks", deleted)
 
-    async def _rescue_once(self) -> None:
+    async def _rescue_once(self) -> int:
         self._last_rescue = time.monotonic()
         rescued = await self._tm.storage.rescue_expired()
         if rescued:
@@ -708,6 +736,8 @@ class Worker:
             )
             if self._wake is not None:
                 self._wake.set()
+            await self._tm._tasks_rescued(rescued)
+        return len(rescued)
 
     async def _rescue_loop(self) -> None:
         while True:

@@ -1,13 +1,15 @@
-"""The sample handlers ``taskmill demo`` runs, and the workload it enqueues.
+"""taskmill-demo: sample media-library handlers, and the workload ``taskmill demo`` runs.
 
-They are small but honest examples of the handler API: ``async def`` handlers that
-report progress with ``await ctx.progress(done, total, message)`` and stop at
+A taskmill plugin. Installed, it registers its handlers under the app id ``media``
+(through ``taskmill_register_handlers``), so they run only tasks enqueued for that app
+and never take a host task type; and it gives ``taskmill demo`` its sample tasks
+(through ``taskmill_demo_workload``).
+
+The handlers are small but honest examples of the handler API: ``async def`` handlers
+that report progress with ``await ctx.progress(done, total, message)`` and stop at
 ``ctx.check_cancelled()``, a plain ``def`` handler that runs in a worker thread and
 calls ``ctx.progress(...)`` without ``await``, a handler that fails transiently and
 succeeds on a retry, and one that dead-letters a bad input with ``taskmill.Fail``.
-
-Load them into any worker with ``taskmill worker --demo`` or, from code,
-``taskmill.demo.register(tm)``.
 """
 
 from __future__ import annotations
@@ -17,22 +19,22 @@ import random
 import time
 from typing import Any
 
-from taskmill.app import Taskmill
-from taskmill.context import Context
-from taskmill.errors import Fail
-from taskmill.model import Priority, TaskSpec
+from taskmill import Context, Fail, HandlerRegistrar, Priority, TaskSpec, hookimpl
 
-SCAN = "demo.scan"
-THUMBNAIL = "demo.thumbnail"
-OCR = "demo.ocr"
-FETCH = "demo.fetch"
-VALIDATE = "demo.validate"
+APP_ID = "media"
+"""The app id every demo handler and task has."""
+
+SCAN = "scan"
+THUMBNAIL = "thumbnail"
+OCR = "ocr"
+FETCH = "fetch"
+VALIDATE = "validate"
 
 TASK_TYPES: tuple[str, ...] = (SCAN, THUMBNAIL, OCR, FETCH, VALIDATE)
 """Every task type the demo registers, in the order its summary lists them."""
 
 BAD_RECORD_EMAIL = "nobody@"
-"""The one input ``demo.validate`` rejects with :class:`~taskmill.Fail`."""
+"""The one input ``validate`` rejects with :class:`~taskmill.Fail`."""
 
 FETCH_MAX_RETRIES = 5
 
@@ -117,13 +119,20 @@ def validate_record(ctx: Context, params: dict[str, Any]) -> dict[str, Any]:
     return {"record": record["id"], "valid": True}
 
 
-def register(tm: Taskmill) -> None:
-    """Register the demo handlers on ``tm`` (what ``taskmill worker --demo`` loads)."""
-    tm.register(SCAN, scan_folder, concurrency=2)
-    tm.register(THUMBNAIL, make_thumbnail)
-    tm.register(OCR, ocr_document, timeout=60)
-    tm.register(FETCH, fetch_url, max_retries=FETCH_MAX_RETRIES)
-    tm.register(VALIDATE, validate_record, max_retries=1)
+@hookimpl
+def taskmill_register_handlers(registry: HandlerRegistrar) -> None:
+    """Register the demo handlers under the ``media`` app."""
+    registry.register(SCAN, scan_folder, app_id=APP_ID, concurrency=2)
+    registry.register(THUMBNAIL, make_thumbnail, app_id=APP_ID)
+    registry.register(OCR, ocr_document, app_id=APP_ID, timeout=60)
+    registry.register(FETCH, fetch_url, app_id=APP_ID, max_retries=FETCH_MAX_RETRIES)
+    registry.register(VALIDATE, validate_record, app_id=APP_ID, max_retries=1)
+
+
+@hookimpl
+def taskmill_demo_workload(count: int, user_id: str, seed: int | None) -> list[TaskSpec]:
+    """The tasks ``taskmill demo`` enqueues: see :func:`workload`."""
+    return workload(count, user_id=user_id, seed=seed)
 
 
 # One round of the workload; longer workloads repeat it, shorter ones take its start,
@@ -143,10 +152,11 @@ _ROUND: tuple[str, ...] = (
 
 
 def workload(count: int, *, user_id: str, seed: int | None = None) -> list[TaskSpec]:
-    """``count`` demo tasks of every type with mixed priorities, stamped with ``user_id``.
+    """``count`` demo tasks of every type, for the ``media`` app, with mixed priorities,
+    stamped with ``user_id``.
 
-    The first ``demo.validate`` task gets the bad record (it will fail without retry)
-    and the first ``demo.fetch`` task hits the flaky server at least once (it will be
+    The first ``validate`` task gets the bad record (it will fail without retry) and the
+    first ``fetch`` task hits the flaky server at least once (it will be
     retried); everything else is randomised by ``seed``.
     """
     if count < 1:
@@ -160,7 +170,13 @@ def workload(count: int, *, user_id: str, seed: int | None = None) -> list[TaskS
         seen[task_type] = nth + 1
         params, priority = _task(task_type, nth, rng)
         specs.append(
-            TaskSpec(task_type=task_type, params=params, priority=priority, user_id=user_id)
+            TaskSpec(
+                task_type=task_type,
+                params=params,
+                app_id=APP_ID,
+                priority=priority,
+                user_id=user_id,
+            )
         )
     return specs
 
