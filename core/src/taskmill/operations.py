@@ -32,12 +32,13 @@ from taskmill.model import (
     TaskStatus,
 )
 from taskmill.serialization import encode_params
-from taskmill.storage import NewTask, utcnow
+from taskmill.storage import NewTask, StoreChange, utcnow
 
 if TYPE_CHECKING:
     from taskmill.app import Taskmill
 
 TaskSpecLike = TaskSpec | Mapping[str, Any]
+_EVENTS = frozenset({StoreChange.EVENTS})
 
 
 def event_matches(filter: TaskFilter | None, event: TaskEvent) -> bool:
@@ -324,18 +325,26 @@ class TaskOperations:
         cursor = since
         if cursor is None:
             _, cursor = await storage.read_events(None)
-        delay = 0.01
-        while True:
-            batch, next_cursor = await storage.read_events(cursor)
-            for event in batch:
-                if event_matches(selected, event):
-                    yield event
-            if next_cursor == cursor:
-                await asyncio.sleep(delay)
-                delay = min(poll_interval, delay * 2)
-            else:
-                delay = 0.01
-            cursor = next_cursor
+        listener = await storage.change_listener()
+        try:
+            delay = 0.01
+            while True:
+                batch, next_cursor = await storage.read_events(cursor)
+                for event in batch:
+                    if event_matches(selected, event):
+                        yield event
+                if next_cursor == cursor:
+                    if listener is None:
+                        await asyncio.sleep(delay)
+                    else:  # pushed: wake at once, poll as the fallback
+                        await listener.wait(_EVENTS, delay)
+                    delay = min(poll_interval, delay * 2)
+                else:
+                    delay = 0.01
+                cursor = next_cursor
+        finally:
+            if listener is not None:
+                await listener.close()
 
     # -- managing ----------------------------------------------------------------------
 

@@ -34,12 +34,14 @@ from taskmill.model import AttemptOutcome, CancelReason, Priority, Task, TaskSta
 from taskmill.registry import Handler
 from taskmill.serialization import dumps
 from taskmill.storage import (
+    ChangeListener,
     ClaimRequest,
     Finish,
     FinishKind,
     HandlerKey,
     Lease,
     ProgressUpdate,
+    StoreChange,
     utcnow,
 )
 
@@ -182,6 +184,7 @@ class Worker:
         self._background: list[asyncio.Task[None]] = []
         self._last_rescue = 0.0
         self._flush_deadline: float | None = None
+        self._listener: ChangeListener | None = None
         self._signals = 0
         self.processed = 0
         """Attempts this worker finished (any outcome)."""
@@ -287,6 +290,11 @@ class Worker:
             asyncio.create_task(self._save_progress_loop(), name="taskmill-progress"),
             asyncio.create_task(self._rescue_loop(), name="taskmill-rescue"),
         ]
+        self._listener = await self._open_listener()
+        if self._listener is not None:
+            self._background.append(
+                asyncio.create_task(self._listen_loop(self._listener), name="taskmill-listen")
+            )
         await self._tm._worker_started(self)
         try:
             await self._claim_loop(until_idle=until_idle)
@@ -646,6 +654,37 @@ class Worker:
                 continue
             await self._apply_lease_state(leases, held)
 
+    async def _open_listener(self) -> ChangeListener | None:
+        try:
+            return await self._tm.storage.change_listener()
+        except Exception:
+            log.exception("the store's change notifications are unavailable; polling only")
+            return None
+
+    async def _listen_loop(self, listener: ChangeListener) -> None:
+        """Wake at once on work or control changes committed by any process (the
+        store's push channel); polling stays as the fallback."""
+        kinds = frozenset({StoreChange.WORK, StoreChange.CONTROL})
+        while True:
+            try:
+                notified = await listener.wait(kinds, self.poll_interval)
+            except Exception:
+                log.exception("waiting for change notifications failed")
+                await asyncio.sleep(self.poll_interval)
+                continue
+            if not notified:
+                continue
+            if self._wake is not None:
+                self._wake.set()
+            leases = [e.lease for e in self._running.values() if not e.abandoned]
+            if leases:
+                try:
+                    held = await self._tm.storage.watch_leases(leases)
+                except Exception:
+                    log.exception("checking %d leases failed", len(leases))
+                    continue
+                await self._apply_lease_state(leases, held)
+
     async def _watch_leases_loop(self) -> None:
         """Learn of cancellations and suspensions of running tasks within
         ``cancel_check_interval``, whichever process asked for them."""
@@ -801,6 +840,9 @@ class Worker:
                 duty.cancel()
             await asyncio.gather(*self._background, return_exceptions=True)
             self._background = []
+            if self._listener is not None:
+                await self._listener.close()
+                self._listener = None
             self._release_resources()
             await self._tm._worker_stopped(self)
 
