@@ -1,18 +1,132 @@
-"""Shared fixtures: the backends every API-level test runs against."""
+"""Shared fixtures: the backends every API-level test runs against, and the servers the
+server backends need.
+
+PostgreSQL tests use ``$TASKMILL_TEST_POSTGRES_URL`` (default
+``postgresql://taskmill:taskmill@127.0.0.1:5432/taskmill``); each test gets a fresh
+schema of its own, dropped afterwards. A server that cannot be reached skips those tests,
+unless ``$TASKMILL_REQUIRE_BACKENDS`` (a comma-separated list, set by ``.ci/run``) names
+the backend: then they fail.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import os
+import threading
+import uuid
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from functools import cache
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 from taskmill import Taskmill
 
-API_BACKENDS = ["memory", "sqlite"]
+T = TypeVar("T")
+
+API_BACKENDS = ["memory", "sqlite", "postgres"]
+
+POSTGRES_URL = os.environ.get(
+    "TASKMILL_TEST_POSTGRES_URL", "postgresql://taskmill:taskmill@127.0.0.1:5432/taskmill"
+)
+
+
+def required_backends() -> set[str]:
+    """Backends whose tests must fail, not skip, when their server is unreachable."""
+    value = os.environ.get("TASKMILL_REQUIRE_BACKENDS", "")
+    return {name.strip() for name in value.split(",") if name.strip()}
+
+
+def skip_or_fail(backend: str, reason: str) -> None:
+    """Skip the test, or fail it when ``backend`` is required."""
+    if backend in required_backends():
+        pytest.fail(f"{reason} (required by TASKMILL_REQUIRE_BACKENDS)", pytrace=False)
+    pytest.skip(reason)
+
+
+def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run ``coroutine`` to completion on a fresh event loop in a thread of its own
+    (usable whether or not an event loop runs in the caller's thread)."""
+    result: list[T] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(asyncio.run(coroutine))
+        except BaseException as exc:
+            error.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0]
+
+
+def with_query(url: str, **params: str) -> str:
+    """``url`` with ``params`` added to its query string."""
+    query = "&".join(f"{k}={v}" for k, v in params.items())
+    return f"{url}{'&' if '?' in url else '?'}{query}"
+
+
+async def _postgres_execute(sql: str, url: str = POSTGRES_URL) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(url, timeout=5)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+@cache
+def postgres_unreachable() -> str | None:
+    """Why the test server cannot be used, or None when it can (checked once)."""
+    try:
+        import asyncpg  # noqa: F401
+    except ImportError:
+        return "taskmill-postgres's driver asyncpg is not installed"
+    try:
+        run_sync(_postgres_execute("SELECT 1"))
+    except Exception as exc:
+        return f"PostgreSQL at {POSTGRES_URL.split('@')[-1]} is unreachable: {exc}"
+    return None
+
+
+def require_postgres() -> str:
+    """The test server's URL; skips (or fails, when required) if it is unreachable."""
+    reason = postgres_unreachable()
+    if reason is not None:
+        skip_or_fail("postgres", reason)
+    return POSTGRES_URL
+
+
+def new_schema_name() -> str:
+    return f"tm_test_{uuid.uuid4().hex[:12]}"
+
+
+def drop_schema(name: str) -> None:
+    run_sync(_postgres_execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE'))
+
+
+@pytest.fixture
+def postgres_schema() -> Iterator[str]:
+    """The name of a fresh PostgreSQL schema (not created yet), dropped afterwards."""
+    require_postgres()
+    name = new_schema_name()
+    yield name
+    drop_schema(name)
+
+
+@pytest.fixture
+def postgres_url(postgres_schema: str) -> str:
+    """A URL of the test server for a schema of this test alone."""
+    return with_query(POSTGRES_URL, schema=postgres_schema)
 
 
 def url_for(backend: str, tmp_path: Path) -> str:
-    """A fresh, empty store of ``backend``."""
+    """A fresh, empty store of ``backend`` (for postgres, see ``backend_url``)."""
     if backend == "memory":
         return "memory://"
     if backend == "sqlite":
@@ -21,8 +135,14 @@ def url_for(backend: str, tmp_path: Path) -> str:
 
 
 @pytest.fixture(params=API_BACKENDS)
-def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    return url_for(request.param, tmp_path)
+def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param != "postgres":
+        yield url_for(request.param, tmp_path)
+        return
+    require_postgres()
+    name = new_schema_name()
+    yield with_query(POSTGRES_URL, schema=name)
+    drop_schema(name)
 
 
 @pytest.fixture

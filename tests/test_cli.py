@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from taskmill import Task, TaskFilter, Taskmill, TaskStatus
-from taskmill.discovery import installed_schemes
+from taskmill.discovery import KNOWN_PACKAGES, installed_schemes
 
 SCRIPT = Path(sys.executable).with_name("taskmill")
 
@@ -422,13 +422,13 @@ def test_an_unknown_url_scheme_exits_2_naming_the_scheme(cli):
     assert "Traceback" not in process.stderr
 
 
-@pytest.mark.skipif(
-    "postgresql" in installed_schemes(), reason="taskmill-postgres is installed here"
-)
 def test_a_backend_that_is_not_installed_exits_2_naming_the_package(cli):
-    process = cli("--url", "postgresql://localhost/tasks", "ls")
+    missing = [s for s in ("mysql", "mongodb") if s not in installed_schemes()]
+    assert missing, "every first-party backend is installed: pick another uninstalled one"
+    process = cli("--url", f"{missing[0]}://localhost/tasks", "ls")
+    package = KNOWN_PACKAGES[missing[0]]
     assert process.returncode == 2
-    assert "pip install taskmill-postgres" in process.stderr
+    assert f"pip install {package}" in process.stderr
 
 
 def test_a_worker_without_handlers_exits_2(cli, url):

@@ -334,10 +334,16 @@ class Worker:
                 and not self._running
                 and (not self._finishes)
             ):
-                await self._flush_all()
-                if await self._rescue_once():
-                    continue  # expired leases of dead workers are work, not idleness
-                due_in = await self._seconds_until_due()
+                try:
+                    await self._flush_all()
+                    if await self._rescue_once():
+                        continue  # expired leases of dead workers are work, not idleness
+                    due_in = await self._seconds_until_due()
+                except Exception:
+                    # The store is unreachable (a server restart): not idle, retry.
+                    log.exception("checking for due work failed; retrying in %.1f s", poll)
+                    due_in = poll
+                    poll = min(self.poll_interval, poll * 2)
                 if due_in is None or due_in > self.idle_horizon:
                     return
                 timeout = max(self.min_poll_interval, min(due_in, self.poll_interval))

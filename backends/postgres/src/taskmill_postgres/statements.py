@@ -1,0 +1,561 @@
+"""The SQL of the PostgreSQL backend, for one schema: :class:`Statements`.
+
+Conventions every statement here follows:
+
+- Batches travel as arrays (``unnest($1::text[], ...) WITH ORDINALITY``): one statement
+  and one round trip per batch, whatever its size.
+- Operations that can be one statement are one statement (an implicit transaction),
+  with data-modifying CTEs: enqueue, claim, finish, progress, rescue and suspension
+  each write their task rows, execution-log rows, events and notifications together.
+  Cancel and redrive, which decide in Python between statements, are one transaction.
+- Events are written last, behind the *events gate*: a CTE that first counts every row
+  the statement changed (which makes PostgreSQL finish those changes), then takes the
+  schema's events lock (``pg_advisory_xact_lock``) and sends the notifications. The event
+  seqs are therefore drawn under the lock, in commit order (see 0001_initial.sql), and
+  a statement never waits for a row lock while it holds the events lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+import attrs
+from taskmill.model import TaskFilter
+from taskmill.storage import ClaimRequest
+
+from taskmill_postgres.options import quote_ident
+
+TASK_COLUMN_NAMES: Final = (
+    "seq", "id", "task_type", "status", "created_at", "run_at", "updated_at", "app_id",
+    "params", "data", "priority", "attempts", "max_retries", "result", "error",
+    "progress_done", "progress_total", "progress_message", "dedupe_key", "alias_of",
+    "parent_id", "user_id", "cancel_reason", "started_at", "finished_at", "worker_id",
+    "lease_expires_at",
+)  # fmt: skip
+"""The columns of a task snapshot, in the order :func:`taskmill_postgres.rows.task`
+reads them."""
+
+
+def columns(alias: str) -> str:
+    """The snapshot columns qualified by ``alias``."""
+    return ", ".join(f"{alias}.{c}" for c in TASK_COLUMN_NAMES)
+
+
+TASK_COLUMNS: Final = ", ".join(TASK_COLUMN_NAMES)
+CLAIMABLE: Final = "status = 'pending' AND alias_of IS NULL"
+"""The predicate of the partial ``tasks_claim`` index (queries repeat it verbatim)."""
+ACTIVE: Final = "status IN ('pending', 'running')"
+
+_RELEASED_KIND: Final = (
+    "(CASE WHEN v.kind IN ('retry', 'fail') AND t.cancel_reason IS NOT NULL "
+    "THEN 'release' ELSE v.kind END)"
+)
+"""A finish's effective kind: a RETRY or FAIL of a task asked to stop (suspension,
+shutdown) is a RELEASE. Evaluated against the row before the update."""
+
+
+def notify(channel: int, kind: str) -> str:
+    """SQL sending a notification of ``kind`` (a StoreChange value) on the channel
+    whose prefix is argument ``$channel``."""
+    return f"pg_notify(${channel} || '{kind}', '')"
+
+
+def gate(changed: str, lock: int, notifies: Sequence[str], also: str | None = None) -> str:
+    """The events-gate CTE (named ``gate``): after counting the rows of the CTE
+    ``changed`` (and of ``also``), so that every change is made first, take the events
+    lock ``$lock`` and evaluate ``notifies`` (SQL expressions, see :func:`notify`). It
+    yields one row when ``changed`` has any, else none (no lock, no notification)."""
+    more = f" CROSS JOIN (SELECT count(*) AS n FROM {also}) AS a" if also else ""
+    sent = "".join(f", {n} AS n{i}" for i, n in enumerate(notifies))
+    return (
+        f"gate AS MATERIALIZED (SELECT pg_advisory_xact_lock(${lock}) AS l{sent} "
+        f"FROM (SELECT count(*) AS n FROM {changed}) AS c{more} WHERE c.n > 0)"
+    )
+
+
+_FINISH_EVENT: Final = (
+    "CASE WHEN d.status <> 'pending' THEN d.status WHEN d.released THEN 'requeued'"
+    " ELSE 'retrying' END"
+)
+"""The event kind of a finish: the terminal status, or RETRYING / REQUEUED (a release
+gives the attempt back)."""
+
+
+@attrs.frozen
+class ClaimShape:
+    """The form of one claim statement (its SQL depends only on this)."""
+
+    branches: tuple[tuple[bool, bool], ...]
+    """Per handler key: (app-specific key?, excludes some apps?)."""
+    min_priority: bool
+
+
+class Statements:
+    """Every SQL statement of the backend for ``schema`` (quoted and qualified)."""
+
+    def __init__(self, schema: str) -> None:
+        s = quote_ident(schema)
+        self.schema = schema
+        self.quoted = s
+        self._claim_cache: dict[ClaimShape, str] = {}
+
+        self.insert_events = (
+            "WITH gate AS MATERIALIZED (SELECT pg_advisory_xact_lock($1) AS l, "
+            f"{notify(2, 'events')} AS n, "
+            "(SELECT count(*) FROM (SELECT pg_notify($2 || k, '')"
+            " FROM unnest($3::text[]) AS k) AS x) AS m) "
+            f"INSERT INTO {s}.events (task_seq, kind, status, at) "
+            "SELECT e.task_seq, e.kind, e.status, now() "
+            "FROM gate, unnest($4::bigint[], $5::text[], $6::text[]) "
+            "WITH ORDINALITY AS e(task_seq, kind, status, ord) ORDER BY e.ord"
+        )
+        """Append events (lock, channel, other kinds to notify, then the task seq, kind
+        and status arrays) in order, behind the gate; the last statement of a
+        multi-statement transaction."""
+
+        # -- enqueue ------------------------------------------------------------------------
+        self.enqueue = (
+            "WITH input AS MATERIALIZED ("
+            " SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[],"
+            " $5::bigint[], $6::integer[], $7::timestamptz[], $8::text[], $9::text[],"
+            " $10::text[]) WITH ORDINALITY AS i(id, task_type, app_id, params, priority,"
+            " max_retries, run_at, dedupe_key, parent_id, user_id, ord)),"
+            # The first task of each dedupe scope in this call...
+            " keyed AS MATERIALIZED ("
+            " SELECT i.ord, i.app_id, i.task_type, i.dedupe_key,"
+            " first_value(i.id) OVER w AS head_id, first_value(i.ord) OVER w AS head_ord"
+            " FROM input AS i WHERE i.dedupe_key IS NOT NULL"
+            " WINDOW w AS (PARTITION BY i.app_id, i.task_type, i.dedupe_key ORDER BY i.ord)),"
+            # ... and the scope's active leader, share-locked: a leader finishing
+            # concurrently either commits first (and is no longer found) or waits for
+            # this enqueue, and then settles the alias written here (see _settle_aliases).
+            " heads AS MATERIALIZED ("
+            " SELECT h.head_ord, h.head_id, l.id AS leader_id FROM"
+            " (SELECT DISTINCT head_ord, head_id, app_id, task_type, dedupe_key FROM keyed) AS h"
+            f" LEFT JOIN LATERAL (SELECT t.id FROM {s}.tasks AS t"
+            " WHERE coalesce(t.app_id, '') = coalesce(h.app_id, '')"
+            " AND (t.app_id IS NULL) = (h.app_id IS NULL)"
+            " AND t.task_type = h.task_type AND t.dedupe_key = h.dedupe_key"
+            f" AND t.dedupe_key IS NOT NULL AND t.alias_of IS NULL AND t.{ACTIVE}"
+            " FOR SHARE OF t) AS l ON true),"
+            f" ins AS (INSERT INTO {s}.tasks (id, task_type, status, created_at, run_at,"
+            " updated_at, app_id, params, priority, max_retries, dedupe_key, alias_of,"
+            " parent_id, user_id)"
+            " SELECT i.id, i.task_type, 'pending', now(), coalesce(i.run_at, now()), now(),"
+            " i.app_id, i.params::json, i.priority, i.max_retries, i.dedupe_key,"
+            " CASE WHEN k.ord IS NULL THEN NULL ELSE coalesce(h.leader_id,"
+            " CASE WHEN k.ord = h.head_ord THEN NULL ELSE h.head_id END) END,"
+            " i.parent_id, i.user_id"
+            " FROM input AS i LEFT JOIN keyed AS k ON k.ord = i.ord"
+            " LEFT JOIN heads AS h ON h.head_ord = k.head_ord"
+            " ORDER BY i.ord RETURNING seq, id, alias_of),"
+            f" {gate('ins', 11, [notify(12, 'work'), notify(12, 'events')])},"
+            f" ev AS (INSERT INTO {s}.events (task_seq, kind, status, at)"
+            " SELECT ins.seq, 'enqueued', 'pending', now() FROM gate, ins ORDER BY ins.seq)"
+            " SELECT now() AS now,"
+            " array_agg(id) FILTER (WHERE alias_of IS NOT NULL) AS alias_ids,"
+            " array_agg(alias_of) FILTER (WHERE alias_of IS NOT NULL) AS leader_ids"
+            " FROM ins"
+        )
+
+        # -- finishing ------------------------------------------------------------------------
+        k = _RELEASED_KIND
+        requeued = f"(SELECT {notify(18, 'work')} FROM done WHERE status = 'pending' LIMIT 1)"
+        self.finish = (
+            "WITH v AS MATERIALIZED ("
+            " SELECT * FROM unnest($1::text[], $2::text[], $3::integer[], $4::text[],"
+            " $5::text[], $6::float8[], $7::text[], $8::text[], $9::text[], $10::boolean[],"
+            " $11::float8[], $12::float8[], $13::text[], $14::text[], $15::timestamptz[],"
+            " $16::timestamptz[]) WITH ORDINALITY AS v(id, worker_id, attempt, kind, result,"
+            " retry_in, error, reason, data, has_progress, done, total, message, outcome,"
+            " started_at, finished_at, ord)),"
+            f" done AS (UPDATE {s}.tasks AS t SET"
+            f" status = CASE {k} WHEN 'complete' THEN 'completed' WHEN 'fail' THEN 'failed'"
+            " WHEN 'cancel' THEN 'cancelled' ELSE 'pending' END,"
+            f" attempts = CASE WHEN {k} = 'release' THEN t.attempts - 1 ELSE t.attempts END,"
+            f" run_at = CASE {k} WHEN 'retry' THEN now() + v.retry_in * interval '1 second'"
+            " WHEN 'release' THEN now() ELSE t.run_at END,"
+            f" finished_at = CASE WHEN {k} IN ('complete', 'fail', 'cancel') THEN now()"
+            " ELSE t.finished_at END,"
+            f" result = CASE WHEN {k} = 'complete' THEN v.result::json ELSE t.result END,"
+            f" error = CASE {k} WHEN 'complete' THEN NULL WHEN 'release' THEN t.error"
+            " ELSE v.error END,"
+            f" cancel_reason = CASE {k} WHEN 'cancel' THEN coalesce(v.reason, 'user')"
+            " WHEN 'complete' THEN NULL WHEN 'release' THEN NULL ELSE t.cancel_reason END,"
+            " updated_at = now(), worker_id = NULL, lease_expires_at = NULL,"
+            " data = coalesce(v.data::json, t.data),"
+            " progress_done = CASE WHEN v.has_progress THEN v.done ELSE t.progress_done END,"
+            " progress_total = CASE WHEN v.has_progress THEN v.total ELSE t.progress_total END,"
+            " progress_message = CASE WHEN v.has_progress THEN v.message"
+            " ELSE t.progress_message END"
+            " FROM v WHERE t.id = v.id AND t.status = 'running' AND t.worker_id = v.worker_id"
+            " AND t.attempts = v.attempt"
+            f" RETURNING {columns('t')}, v.ord, t.attempts < v.attempt AS released,"
+            " v.attempt, v.worker_id AS lease_worker, v.started_at AS attempt_started,"
+            " v.finished_at AS attempt_finished, v.outcome, v.error AS attempt_error),"
+            f" log AS (INSERT INTO {s}.attempts (task_seq, number, worker_id, started_at,"
+            " finished_at, outcome, error)"
+            " SELECT d.seq, d.attempt, d.lease_worker, d.attempt_started, d.attempt_finished,"
+            " o.outcome, CASE WHEN o.outcome = 'completed' THEN NULL ELSE d.attempt_error END"
+            " FROM done AS d CROSS JOIN LATERAL (SELECT CASE WHEN d.released"
+            " THEN 'interrupted' ELSE d.outcome END AS outcome) AS o ORDER BY d.ord),"
+            f" {self._aliases_of('done')},"
+            f" {gate('done', 17, [notify(18, 'events'), requeued], also='al')},"
+            f" ev AS (INSERT INTO {s}.events (task_seq, kind, status, at)"
+            " SELECT e.seq, e.kind, e.status, now() FROM gate, ("
+            f" SELECT d.seq, {_FINISH_EVENT} AS kind, d.status, d.ord AS o1, 0::bigint AS o2"
+            " FROM done AS d UNION ALL"
+            f" SELECT al.alias_seq, {_FINISH_EVENT}, d.status, d.ord, al.alias_seq"
+            " FROM al JOIN done AS d ON d.seq = al.leader_seq) AS e ORDER BY e.o1, e.o2)"
+            " SELECT * FROM done"
+        )
+        """Finish a batch (16 arrays, then the events lock and the channel prefix): every kind
+        in one UPDATE, the execution-log rows, the terminal leaders' aliases, and the
+        events, in one statement."""
+
+        self.settle_aliases = (
+            f"SELECT alias_seq, leader_seq FROM {s}.settle_aliases($1::bigint[]) ORDER BY alias_seq"
+        )
+        """Settle the aliases of terminal leaders (see the settle_aliases function)."""
+        self.by_seq = f"SELECT {TASK_COLUMNS} FROM {s}.tasks WHERE seq = ANY($1::bigint[])"
+
+        # -- leases -------------------------------------------------------------------------
+        suspended = (
+            f"EXISTS (SELECT 1 FROM {s}.suspensions AS s WHERE (s.task_type IS NULL OR"
+            " s.task_type = t.task_type) AND (s.app_id IS NULL OR s.app_id = t.app_id))"
+        )
+        stop_request = f"coalesce(t.cancel_reason, CASE WHEN {suspended} THEN 'suspended' END)"
+        leases = "unnest($1::text[], $2::text[], $3::integer[]) AS v(id, worker_id, attempt)"
+        fence = (
+            "t.id = v.id AND t.status = 'running' AND t.worker_id = v.worker_id"
+            " AND t.attempts = v.attempt"
+        )
+        self.renew = (
+            f"UPDATE {s}.tasks AS t SET lease_expires_at = now() + $4 * interval '1 second'"
+            f" FROM {leases} WHERE {fence} RETURNING t.id, {stop_request}"
+        )
+        """Renew held leases; each row's stop request is the one recorded or, for a task
+        whose scope is suspended now, 'suspended' (a claim that raced the suspension)."""
+        self.watch = f"SELECT t.id, {stop_request} FROM {s}.tasks AS t, {leases} WHERE {fence}"
+
+        self.save_progress = (
+            "WITH v AS MATERIALIZED (SELECT * FROM unnest($1::text[], $2::text[],"
+            " $3::integer[], $4::boolean[], $5::float8[], $6::float8[], $7::text[],"
+            " $8::text[]) WITH ORDINALITY AS v(id, worker_id, attempt, has_progress, done,"
+            " total, message, data, ord)),"
+            f" up AS (UPDATE {s}.tasks AS t SET updated_at = now(),"
+            " progress_done = CASE WHEN v.has_progress THEN v.done ELSE t.progress_done END,"
+            " progress_total = CASE WHEN v.has_progress THEN v.total ELSE t.progress_total END,"
+            " progress_message = CASE WHEN v.has_progress THEN v.message"
+            " ELSE t.progress_message END,"
+            f" data = coalesce(v.data::json, t.data) FROM v WHERE {fence}"
+            " RETURNING t.seq, t.id, v.ord),"
+            f" {gate('up', 9, [notify(10, 'events')])},"
+            f" ev AS (INSERT INTO {s}.events (task_seq, kind, status, at)"
+            " SELECT up.seq, 'progress', 'running', now() FROM gate, up ORDER BY up.ord)"
+            " SELECT id FROM up"
+        )
+
+        # -- rescue -------------------------------------------------------------------------
+        terminal_reason = "e.cancel_reason IN ('user', 'preempted')"
+        stop_reason = "e.cancel_reason IN ('suspended', 'shutdown')"
+        self.rescue = (
+            "WITH e AS MATERIALIZED (SELECT seq, worker_id, attempts, started_at,"
+            f" cancel_reason FROM {s}.tasks WHERE status = 'running'"
+            " AND lease_expires_at <= now() ORDER BY lease_expires_at LIMIT $1"
+            " FOR UPDATE SKIP LOCKED),"
+            f" r AS (UPDATE {s}.tasks AS t SET"
+            f" status = CASE WHEN {terminal_reason} THEN 'cancelled'"
+            f" WHEN {stop_reason} THEN 'pending'"
+            " WHEN t.attempts < t.max_retries + 1 THEN 'pending' ELSE 'failed' END,"
+            f" attempts = CASE WHEN {stop_reason} THEN t.attempts - 1 ELSE t.attempts END,"
+            f" run_at = CASE WHEN {terminal_reason} THEN t.run_at"
+            f" WHEN {stop_reason} OR t.attempts < t.max_retries + 1 THEN now()"
+            " ELSE t.run_at END,"
+            f" error = CASE WHEN e.cancel_reason IS NULL THEN 'lease expired' ELSE t.error END,"
+            f" cancel_reason = CASE WHEN {stop_reason} THEN NULL ELSE t.cancel_reason END,"
+            f" finished_at = CASE WHEN {terminal_reason} OR (e.cancel_reason IS NULL"
+            " AND t.attempts >= t.max_retries + 1) THEN now() ELSE NULL END,"
+            " updated_at = now(), worker_id = NULL, lease_expires_at = NULL"
+            " FROM e WHERE t.seq = e.seq AND t.seq = ANY(ARRAY(SELECT seq FROM e))"
+            f" RETURNING {columns('t')}, e.worker_id AS lost_worker, e.attempts AS lost_attempt,"
+            " e.started_at AS lost_started),"
+            f" log AS (INSERT INTO {s}.attempts (task_seq, number, worker_id, started_at,"
+            " finished_at, outcome, error)"
+            " SELECT r.seq, r.lost_attempt, coalesce(r.lost_worker, ''),"
+            " coalesce(r.lost_started, now()), now(), 'lost', 'lease expired'"
+            " FROM r ORDER BY r.seq),"
+            f" {self._aliases_of('r')},"
+            f" {gate('r', 2, [notify(3, 'work'), notify(3, 'events')], also='al')},"
+            f" ev AS (INSERT INTO {s}.events (task_seq, kind, status, at)"
+            " SELECT e.seq, e.kind, e.status, now() FROM gate, ("
+            " SELECT r.seq, CASE WHEN r.status = 'pending' THEN 'requeued' ELSE r.status END"
+            " AS kind, r.status, r.seq AS o1, 0::bigint AS o2 FROM r UNION ALL"
+            " SELECT al.alias_seq, r.status, r.status, r.seq, al.alias_seq"
+            " FROM al JOIN r ON r.seq = al.leader_seq) AS e ORDER BY e.o1, e.o2)"
+            " SELECT * FROM r ORDER BY seq"
+        )
+        """Rescue expired leases (limit, the events lock, the channel prefix): the tasks, their
+        LOST execution-log rows, the aliases of those that failed or were cancelled,
+        and the events, in one statement."""
+
+        # -- redrive ------------------------------------------------------------------------
+        self.lock_for_redrive = (
+            "SELECT seq, status, alias_of, app_id, task_type, dedupe_key"
+            f" FROM {s}.tasks WHERE id = $1 FOR UPDATE"
+        )
+        self.find_leader = (
+            f"SELECT id FROM {s}.tasks WHERE coalesce(app_id, '') = coalesce($1::text, '')"
+            " AND (app_id IS NULL) = ($1::text IS NULL) AND task_type = $2"
+            f" AND dedupe_key = $3 AND alias_of IS NULL AND {ACTIVE}"
+        )
+        self.redrive = (
+            f"UPDATE {s}.tasks SET status = 'pending', attempts = 0, result = NULL,"
+            " error = NULL, cancel_reason = NULL, progress_done = 0, progress_total = NULL,"
+            " progress_message = NULL, run_at = now(), updated_at = now(), started_at = NULL,"
+            f" finished_at = NULL WHERE seq = $1 RETURNING {TASK_COLUMNS}"
+        )
+
+        # -- reading ------------------------------------------------------------------------
+        self.get = f"SELECT {TASK_COLUMNS} FROM {s}.tasks WHERE id = $1"
+        self.attempts = (
+            "SELECT number, worker_id, started_at, finished_at, outcome, error"
+            f" FROM {s}.attempts WHERE task_seq = (SELECT seq FROM {s}.tasks WHERE id = $1)"
+            " ORDER BY id"
+        )
+        self.next_run_at = (
+            "SELECT min(m.run_at) FROM unnest($1::text[], $2::text[]) AS k(task_type, app_id)"
+            f" CROSS JOIN LATERAL (SELECT min(t.run_at) AS run_at FROM {s}.tasks AS t"
+            f" WHERE t.{CLAIMABLE} AND t.task_type = k.task_type"
+            " AND (k.app_id IS NULL OR t.app_id = k.app_id)"
+            f" AND NOT {suspended}) AS m"
+        )
+
+        # -- retention ----------------------------------------------------------------------
+        self.cleanup = (
+            f"WITH d AS (DELETE FROM {s}.tasks WHERE finished_at < now() - $1 * interval"
+            " '1 second' AND status = ANY($2::text[]) RETURNING seq),"
+            f" a AS (DELETE FROM {s}.attempts WHERE task_seq IN (SELECT seq FROM d))"
+            " SELECT count(*) FROM d"
+        )
+
+        # -- control ------------------------------------------------------------------------
+        self.children = (
+            f"SELECT id, parent_id FROM {s}.tasks WHERE parent_id = ANY($1::text[]) ORDER BY seq"
+        )
+        self.lock_active = (
+            "SELECT seq, id, status, worker_id, attempts, started_at, alias_of"
+            f" FROM {s}.tasks WHERE id = ANY($1::text[]) AND {ACTIVE} ORDER BY seq FOR UPDATE"
+        )
+        self.cancel = (
+            f"UPDATE {s}.tasks SET status = 'cancelled', cancel_reason = $1,"
+            " finished_at = now(), updated_at = now(), worker_id = NULL,"
+            f" lease_expires_at = NULL WHERE id = ANY($2::text[]) AND {ACTIVE}"
+            f" RETURNING {TASK_COLUMNS}"
+        )
+        self.request_stop = (
+            f"UPDATE {s}.tasks SET cancel_reason = $1, updated_at = now()"
+            " WHERE id = ANY($2::text[]) AND status = 'running' AND cancel_reason IS NULL"
+            f" RETURNING {TASK_COLUMNS}"
+        )
+        self.log_cancelled = (
+            f"INSERT INTO {s}.attempts (task_seq, number, worker_id, started_at, finished_at,"
+            " outcome, error) SELECT a.seq, a.number, a.worker_id, coalesce(a.started, now()),"
+            " now(), 'cancelled', $5 FROM unnest($1::bigint[], $2::integer[], $3::text[],"
+            " $4::timestamptz[]) WITH ORDINALITY AS a(seq, number, worker_id, started, ord)"
+            " ORDER BY a.ord"
+        )
+        """Log the attempts of running tasks a terminal cancel interrupted."""
+        self.suspend = (
+            f"WITH ins AS (INSERT INTO {s}.suspensions (task_type, app_id, created_at)"
+            " VALUES ($1, $2, now()) ON CONFLICT DO NOTHING RETURNING 1),"
+            f" asked AS (UPDATE {s}.tasks SET cancel_reason = 'suspended', updated_at = now()"
+            " WHERE status = 'running' AND cancel_reason IS NULL"
+            " AND ($1::text IS NULL OR task_type = $1) AND ($2::text IS NULL OR app_id = $2)"
+            " RETURNING seq),"
+            f" {gate('asked', 3, [notify(4, 'control'), notify(4, 'events')])},"
+            f" ev AS (INSERT INTO {s}.events (task_seq, kind, status, at)"
+            " SELECT asked.seq, 'cancel_requested', 'running', now() FROM gate, asked"
+            " ORDER BY asked.seq),"
+            # Workers also look at stored suspensions when they check their leases.
+            f" told AS MATERIALIZED (SELECT {notify(4, 'control')} FROM ins)"
+            " SELECT (SELECT count(*) FROM asked), (SELECT count(*) FROM told)"
+        )
+        self.resume = (
+            f"WITH d AS (DELETE FROM {s}.suspensions WHERE task_type IS NOT DISTINCT FROM $1"
+            " AND app_id IS NOT DISTINCT FROM $2 RETURNING 1),"
+            f" told AS MATERIALIZED (SELECT {notify(3, 'work')} FROM d)"
+            " SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM told)"
+        )
+        self.suspensions = f"SELECT task_type, app_id FROM {s}.suspensions"
+
+        # -- the event log --------------------------------------------------------------------
+        self.read_events = (
+            f"SELECT e.seq, e.kind, e.status, e.at, {columns('t')} FROM {s}.events AS e"
+            f" LEFT JOIN {s}.tasks AS t ON t.seq = e.task_seq"
+            " WHERE e.seq > $1 ORDER BY e.seq LIMIT $2"
+        )
+        self.last_event = f"SELECT max(seq) FROM {s}.events"
+        self.event_counter = (
+            f"SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {s}.event_cursor"
+        )
+        self.prune_events = (
+            f"DELETE FROM {s}.events WHERE seq < coalesce((SELECT seq FROM {s}.events"
+            " WHERE at >= now() - $1 * interval '1 second' ORDER BY seq LIMIT 1),"
+            " 9223372036854775807)"
+        )
+
+    def _aliases_of(self, changed: str) -> str:
+        """The CTE ``al`` (alias seq, leader seq): the aliases settled for the terminal
+        dedupe leaders among the rows of the CTE ``changed`` (the function is not
+        called at all when there are none)."""
+        return (
+            f"al AS MATERIALIZED (SELECT s.alias_seq, s.leader_seq FROM"
+            f" (SELECT array_agg(c.seq) AS seqs FROM {changed} AS c"
+            " WHERE c.dedupe_key IS NOT NULL AND c.alias_of IS NULL"
+            " AND c.status IN ('completed', 'failed', 'cancelled') HAVING count(*) > 0) AS x"
+            f" CROSS JOIN LATERAL {self.quoted}.settle_aliases(x.seqs) AS s)"
+        )
+
+    # -- claims -------------------------------------------------------------------------
+
+    def claim(self, shape: ClaimShape) -> str:
+        """The claim statement of ``shape`` (cached: a handful of shapes per worker)."""
+        cached = self._claim_cache.get(shape)
+        if cached is None:
+            cached = self._claim_cache[shape] = self._build_claim(shape)
+        return cached
+
+    def _build_claim(self, shape: ClaimShape) -> str:
+        # Arguments, in order: worker id, lease seconds, events lock, channel, limit,
+        # [min priority], then per branch: task type, [app id | excluded apps], take.
+        s = self.quoted
+        n = 6
+        prio = ""
+        if shape.min_priority:
+            prio = f" AND t.priority >= ${n}::bigint"
+            n += 1
+        branches: list[str] = []
+        for app_key, excludes in shape.branches:
+            task_type = f"${n}::text"
+            n += 1
+            if app_key:
+                app = f" AND t.app_id = ${n}::text"
+                # One-time filter: this key's whole scope is suspended, or not at all.
+                covered = f"(s.app_id IS NULL OR s.app_id = ${n}::text)"
+                per_row = ""
+                n += 1
+            else:
+                app = ""
+                if excludes:
+                    app = f" AND (t.app_id IS NULL OR t.app_id <> ALL(${n}::text[]))"
+                    n += 1
+                covered = "s.app_id IS NULL"
+                # Apps suspended one by one are left out row by row.
+                per_row = (
+                    f" AND NOT EXISTS (SELECT 1 FROM {s}.suspensions AS s"
+                    " WHERE s.app_id = t.app_id AND (s.task_type IS NULL"
+                    f" OR s.task_type = {task_type}))"
+                )
+            take = f"${n}::bigint"
+            n += 1
+            branches.append(
+                f"SELECT t.seq, t.priority FROM {s}.tasks AS t"
+                f" WHERE t.{CLAIMABLE} AND t.task_type = {task_type}{app}"
+                f" AND t.run_at <= now(){prio}"
+                f" AND NOT EXISTS (SELECT 1 FROM {s}.suspensions AS s"
+                f" WHERE (s.task_type IS NULL OR s.task_type = {task_type})"
+                f" AND {covered}){per_row}"
+                f" ORDER BY t.priority DESC, t.seq LIMIT {take}"
+                " FOR UPDATE OF t SKIP LOCKED"
+            )
+        union = " UNION ALL ".join(f"SELECT * FROM ({b}) AS b{i}" for i, b in enumerate(branches))
+        return (
+            f"WITH picked AS MATERIALIZED (SELECT seq, priority FROM ({union}) AS u"
+            " ORDER BY priority DESC, seq LIMIT $5::bigint),"
+            f" claimed AS (UPDATE {s}.tasks AS t SET status = 'running',"
+            " attempts = t.attempts + 1, worker_id = $1::text, started_at = now(),"
+            " updated_at = now(), lease_expires_at = now() + $2::float8 * interval '1 second'"
+            f" WHERE t.seq = ANY(ARRAY(SELECT seq FROM picked)) RETURNING {columns('t')}),"
+            f" {gate('claimed', 3, [notify(4, 'events')])},"
+            f" ev AS (INSERT INTO {s}.events (task_seq, kind, status, at)"
+            " SELECT c.seq, 'started', 'running', now() FROM gate, claimed AS c"
+            " ORDER BY c.priority DESC, c.seq)"
+            " SELECT * FROM claimed"
+        )
+
+    def claim_arguments(
+        self, request: ClaimRequest, lock: int, channel: str
+    ) -> tuple[str, list[Any]] | None:
+        """The claim statement serving ``request`` and its arguments; None when it
+        cannot claim anything.
+
+        Each handler key draws at most its cap (or ``limit``) of its best due tasks
+        through the partial ``tasks_claim`` index, skipping rows other claims hold
+        (``FOR UPDATE SKIP LOCKED``); a task of an app with its own key is served only
+        by that key, never by the host key. The keys' candidates are merged by
+        priority DESC, then creation, and cut to ``limit``. Suspensions are checked in
+        the statement itself, so one committed before it began is always honoured: a
+        key whose whole scope is suspended is skipped by a one-time filter without
+        touching the index; apps suspended one by one are left out row by row.
+        """
+        limit = request.limit
+        if limit <= 0:
+            return None
+        own_apps: dict[str, list[str]] = {}
+        for app_id, task_type in request.handlers:
+            if app_id is not None:
+                own_apps.setdefault(task_type, []).append(app_id)
+        args: list[Any] = [request.worker_id, float(request.lease_seconds), lock, channel, limit]
+        if request.min_priority is not None:
+            args.append(int(request.min_priority))
+        branches: list[tuple[bool, bool]] = []
+        for (app_id, task_type), cap in request.handlers.items():
+            take = limit if cap is None else min(cap, limit)
+            if take <= 0:
+                continue
+            args.append(task_type)
+            if app_id is not None:
+                branches.append((True, False))
+                args.append(app_id)
+            else:
+                excluded = own_apps.get(task_type)
+                branches.append((False, bool(excluded)))
+                if excluded:
+                    args.append(excluded)
+            args.append(take)
+        if not branches:
+            return None
+        shape = ClaimShape(tuple(branches), request.min_priority is not None)
+        return self.claim(shape), args
+
+
+def filter_sql(f: TaskFilter, first: int = 1) -> tuple[str, list[Any]]:
+    """A boolean SQL expression selecting what ``f`` selects ("true" for everything),
+    with its arguments numbered from ``$first``."""
+    clauses: list[str] = []
+    args: list[Any] = []
+
+    def arg(value: Any, cast: str) -> str:
+        args.append(value)
+        return f"${first + len(args) - 1}::{cast}"
+
+    if f.app_id is not None:
+        clauses.append(f"app_id = {arg(f.app_id, 'text')}")
+    if f.task_types is not None:
+        clauses.append(f"task_type = ANY({arg(list(f.task_types), 'text[]')})")
+    if f.statuses is not None:
+        clauses.append(f"status = ANY({arg([s.value for s in f.statuses], 'text[]')})")
+    for column, value in (
+        ("parent_id", f.parent_id),
+        ("user_id", f.user_id),
+        ("dedupe_key", f.dedupe_key),
+    ):
+        if value is not None:
+            clauses.append(f"{column} = {arg(value, 'text')}")
+    if f.created_after is not None:
+        clauses.append(f"created_at > {arg(f.created_after, 'timestamptz')}")
+    if f.created_before is not None:
+        clauses.append(f"created_at < {arg(f.created_before, 'timestamptz')}")
+    return (" AND ".join(clauses) if clauses else "true"), args

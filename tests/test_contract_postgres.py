@@ -1,0 +1,1073 @@
+"""The storage contract on ``postgresql://``, plus what only PostgreSQL must do: URLs and
+options, an unreachable server, versioned migrations, the claim statement and its
+index, dedupe and the event log under concurrency, and LISTEN/NOTIFY."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import asyncpg
+import pytest
+from attrs import evolve
+from taskmill.backends.memory import MemoryStorage
+from taskmill.discovery import storage_for_url
+from taskmill.errors import InvalidTaskSpec, InvalidURL, SchemaVersionError, StorageUnavailable
+from taskmill.model import (
+    AttemptOutcome,
+    CancelReason,
+    Progress,
+    SuspensionScope,
+    TaskFilter,
+    TaskStatus,
+)
+from taskmill.storage import (
+    ClaimRequest,
+    FinishKind,
+    HandlerKey,
+    StoreChange,
+    TaskStorage,
+    utcnow,
+)
+from taskmill.testing import StorageContract, lease_of, new_task, wait_until
+from taskmill.testing import claim as claim_request
+from taskmill.testing import finish as finish_of
+from taskmill_postgres import PostgresChangeListener, PostgresStorage, latest_version
+from taskmill_postgres import schema as pg_schema
+from taskmill_postgres.options import redact
+
+from tests.conftest import POSTGRES_URL, drop_schema, new_schema_name
+
+
+class TestPostgresStorage(StorageContract):
+    @pytest.fixture
+    async def storage(self, postgres_url: str) -> AsyncIterator[TaskStorage]:
+        store = PostgresStorage.from_url(postgres_url)
+        await store.open()
+        yield store
+        await store.close()
+
+
+@pytest.fixture
+async def store(postgres_url: str) -> AsyncIterator[PostgresStorage]:
+    s = PostgresStorage.from_url(postgres_url)
+    await s.open()
+    yield s
+    await s.close()
+
+
+@pytest.fixture
+async def other(postgres_url: str) -> AsyncIterator[PostgresStorage]:
+    """A second storage on the same schema: another process, as far as the database
+    can tell (its own pool of connections)."""
+    s = PostgresStorage.from_url(postgres_url)
+    await s.open()
+    yield s
+    await s.close()
+
+
+async def raw(url: str = POSTGRES_URL) -> asyncpg.Connection:
+    return await asyncpg.connect(url)
+
+
+# -- URLs and options -----------------------------------------------------------------
+
+
+def test_the_entry_points_serve_postgresql_and_postgres_urls():
+    for scheme in ("postgresql", "postgres"):
+        store = storage_for_url(f"{scheme}://user@localhost/db")
+        assert isinstance(store, PostgresStorage)
+        assert store.capabilities.notifications is True
+
+
+def test_options_from_the_query_string_and_keywords():
+    store = PostgresStorage.from_url(
+        "postgresql://u:p@h:6543/db?schema=jobs&pool_max_size=20&sslmode=disable",
+        pool_min_size=2,
+    )
+    assert store.schema == "jobs"
+    assert (store.options.pool_min_size, store.options.pool_max_size) == (2, 20)
+    assert "sslmode=disable" in store._parsed.dsn
+    assert "schema" not in store._parsed.dsn and "pool_max_size" not in store._parsed.dsn
+    assert store.where == "PostgreSQL at h:6543/db as user u"
+    keyword_wins = PostgresStorage.from_url("postgresql://h/db?schema=a", schema="b")
+    assert keyword_wins.schema == "b"
+    default = PostgresStorage.from_url("postgres://h/db")
+    assert default.schema == "taskmill" and default.options.statement_timeout == 0
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "message"),
+    [
+        ("postgresql://h/db?bogus=1", {}, "valid options are: schema"),
+        ("postgresql://h/db", {"busy_timeout": 3}, "unknown postgresql:// option"),
+        ("postgresql://h/db?schema=1abc", {}, "plain identifier"),
+        ("postgresql://h/db", {"schema": "pg_temp"}, "plain identifier"),
+        ("postgresql://h/db", {"schema": 'a"; drop'}, "plain identifier"),
+        ("postgresql://h/db?pool_max_size=0", {}, "whole number >= 1"),
+        ("postgresql://h/db?pool_min_size=5&pool_max_size=2", {}, "larger than"),
+        ("postgresql://h/db?statement_timeout=soon", {}, "number of seconds"),
+        ("postgresql://h:99999/db", {}, "malformed"),
+        ("mysql://h/db", {}, "not a PostgreSQL URL"),
+    ],
+)
+def test_bad_urls_and_options_are_invalid(url: str, options: dict, message: str):
+    with pytest.raises(InvalidURL, match=message):
+        PostgresStorage.from_url(url, **options)
+
+
+def test_the_password_never_shows():
+    store = PostgresStorage.from_url("postgresql://app:s3cret@db:5432/app")
+    assert "s3cret" not in repr(store)
+    assert "s3cret" not in store.where
+    with pytest.raises(InvalidURL) as excinfo:
+        PostgresStorage.from_url("postgresql://app:s3cret@db:5432/app?nope=1")
+    assert "s3cret" not in str(excinfo.value)
+
+
+async def test_an_unreachable_server_is_unavailable_naming_host_and_port():
+    store = PostgresStorage.from_url("postgresql://app:s3cret@127.0.0.1:1/app", connect_timeout=3)
+    started = time.monotonic()
+    with pytest.raises(StorageUnavailable) as excinfo:
+        await store.open()
+    message = str(excinfo.value)
+    assert "127.0.0.1:1/app" in message and "s3cret" not in message
+    assert time.monotonic() - started < 10
+    with pytest.raises(StorageUnavailable, match="not open"):
+        await store.get("x")
+
+
+async def test_a_wrong_password_is_unavailable_without_showing_it(postgres_schema: str):
+    url = POSTGRES_URL.replace("taskmill:taskmill@", "taskmill:WrongPassword@", 1)
+    if url == POSTGRES_URL:
+        pytest.skip("the test server URL has no password to change")
+    store = PostgresStorage.from_url(url, schema=postgres_schema)
+    with pytest.raises(StorageUnavailable) as excinfo:
+        await store.open()
+    assert "WrongPassword" not in str(excinfo.value)
+    assert "password" in str(excinfo.value)
+
+
+async def test_operations_need_an_open_store_and_close_is_idempotent(postgres_url: str):
+    store = PostgresStorage.from_url(postgres_url)
+    with pytest.raises(StorageUnavailable, match="not open"):
+        await store.get("x")
+    await store.open()
+    await store.open()  # opening twice is harmless
+    (task,) = await store.enqueue([new_task()])
+    await store.close()
+    await store.close()
+    with pytest.raises(StorageUnavailable, match="not open"):
+        await store.enqueue([new_task()])
+    await store.open()
+    assert await store.get(task.id) == task
+    await store.close()
+
+
+async def test_a_statement_timeout_is_reported_as_unavailable(postgres_url: str):
+    store = PostgresStorage.from_url(postgres_url, statement_timeout=0.2)
+    await store.open()
+    try:
+        (task,) = await store.enqueue([new_task()])
+        conn = await raw()
+        try:
+            await conn.execute("BEGIN")
+            await conn.execute(f'LOCK TABLE "{store.schema}".tasks IN ACCESS EXCLUSIVE MODE')
+            with pytest.raises(StorageUnavailable, match="statement_timeout"):
+                await store.get(task.id)
+            await conn.execute("ROLLBACK")
+        finally:
+            await conn.close()
+        assert await store.get(task.id) == task
+    finally:
+        await store.close()
+
+
+# -- schema and migrations ---------------------------------------------------------------
+
+_DUMP = {
+    "columns": (
+        "SELECT table_name, column_name, ordinal_position, data_type, is_nullable,"
+        " column_default, is_identity, identity_generation FROM information_schema.columns"
+        " WHERE table_schema = $1 ORDER BY 1, 3"
+    ),
+    "indexes": "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = $1 ORDER BY 1",
+    "constraints": (
+        "SELECT c.conrelid::regclass::text, c.conname, pg_get_constraintdef(c.oid)"
+        " FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace"
+        " WHERE n.nspname = $1 ORDER BY 1, 2"
+    ),
+    "sequences": (
+        "SELECT sequencename, data_type::text, start_value, increment_by, cache_size"
+        " FROM pg_sequences WHERE schemaname = $1 ORDER BY 1"
+    ),
+    "functions": (
+        "SELECT p.proname, pg_get_function_identity_arguments(p.oid),"
+        " pg_get_function_result(p.oid), p.provolatile::text, p.prosrc, p.proconfig"
+        " FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE n.nspname = $1 ORDER BY 1, 2"
+    ),
+    "tables": (
+        "SELECT c.relname, c.relkind::text, c.reloptions FROM pg_class c"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 ORDER BY 1"
+    ),
+}
+
+
+async def dump(name: str) -> dict[str, list[tuple]]:
+    """The schema's catalog: columns, indexes, constraints, sequences, relations, with
+    the schema's own name replaced so that two schemas compare."""
+    conn = await raw()
+    try:
+        out: dict[str, list[tuple]] = {}
+        for key, sql in _DUMP.items():
+            rows = await conn.fetch(sql, name)
+            out[key] = [tuple(str(v).replace(name, "S") for v in r) for r in rows]
+        return out
+    finally:
+        await conn.close()
+
+
+async def test_a_fresh_schema_equals_all_migrations_applied_in_order(postgres_schema: str):
+    fresh = PostgresStorage.from_url(POSTGRES_URL, schema=postgres_schema)
+    await fresh.open()
+    await fresh.close()
+    stepwise = new_schema_name()
+    try:
+        conn = await raw()
+        try:
+            for version in range(1, latest_version() + 1):
+                # One release at a time, as a database upgraded over the years was.
+                reached = await pg_schema.apply_pending(conn, stepwise, "test", up_to=version)
+                assert reached == version
+                assert await pg_schema.stored_version(conn, stepwise) == version
+        finally:
+            await conn.close()
+        expected, got = await dump(postgres_schema), await dump(stepwise)
+        assert got == expected
+        assert {r[0] for r in expected["tables"]} >= {
+            "tasks", "attempts", "events", "suspensions", "taskmill_meta", "tasks_claim",
+        }  # fmt: skip
+        assert [r[0] for r in expected["functions"]] == ["settle_aliases"]
+    finally:
+        drop_schema(stepwise)
+
+
+def test_migrations_are_numbered_from_one_without_gaps():
+    versions = [m.version for m in pg_schema.migrations()]
+    assert versions == list(range(1, len(versions) + 1))
+    assert latest_version() == versions[-1]
+
+
+async def test_migrate_creates_the_schema_and_is_idempotent(postgres_url: str):
+    store = PostgresStorage.from_url(postgres_url)
+    assert await store.migrate() == latest_version()
+    assert await store.migrate() == latest_version()
+    await store.open()
+    try:
+        (task,) = await store.enqueue([new_task()])
+        assert await store.migrate() == latest_version()
+        assert await store.get(task.id) == task
+        conn = await raw()
+        try:
+            assert await conn.fetchval(
+                f'SELECT value FROM "{store.schema}".taskmill_meta WHERE key = $1',
+                "schema_version",
+            ) == str(latest_version())
+        finally:
+            await conn.close()
+    finally:
+        await store.close()
+
+
+async def _set_version(store: PostgresStorage, version: int) -> None:
+    conn = await raw()
+    try:
+        await conn.execute(
+            f'UPDATE "{store.schema}".taskmill_meta SET value = $1 WHERE key = $2',
+            str(version),
+            "schema_version",
+        )
+    finally:
+        await conn.close()
+
+
+async def test_an_older_schema_is_refused_with_the_migrate_command(postgres_url: str):
+    store = PostgresStorage.from_url(postgres_url)
+    await store.open()
+    (task,) = await store.enqueue([new_task()])
+    await store.close()
+    await _set_version(store, 0)
+    with pytest.raises(SchemaVersionError) as excinfo:
+        await PostgresStorage.from_url(postgres_url).open()
+    await _set_version(store, latest_version())
+    await store.open()
+    assert await store.get(task.id) == task  # nothing was touched
+    await store.close()
+    message = str(excinfo.value)
+    assert f"taskmill migrate --url {redact(postgres_url)}" in message
+    assert f"expects version {latest_version()}" in message
+
+
+async def test_the_migrate_command_in_the_message_hides_the_password(postgres_url: str):
+    store = PostgresStorage.from_url(postgres_url)
+    await store.open()
+    await store.close()
+    await _set_version(store, 0)
+    with pytest.raises(SchemaVersionError) as excinfo:
+        await PostgresStorage.from_url(postgres_url).open()
+    if ":taskmill@" in postgres_url:
+        assert ":taskmill@" not in str(excinfo.value)
+        assert ":***@" in str(excinfo.value)
+
+
+async def test_a_newer_schema_is_refused_with_upgrade_advice(postgres_url: str):
+    store = PostgresStorage.from_url(postgres_url)
+    await store.open()
+    await store.close()
+    await _set_version(store, latest_version() + 1)
+    for attempt in (store.open(), store.migrate()):
+        with pytest.raises(SchemaVersionError, match="pip install --upgrade taskmill-postgres"):
+            await attempt
+
+
+async def test_auto_migrate_and_migrate_bring_an_older_schema_up(postgres_url: str):
+    store = PostgresStorage.from_url(postgres_url)
+    await store.open()
+    (task,) = await store.enqueue([new_task()])
+    await store.close()
+    for bring_up in ("auto_migrate", "migrate"):
+        await _set_version(store, 0)
+        with pytest.raises(SchemaVersionError, match="taskmill migrate"):
+            await store.open()
+        if bring_up == "migrate":
+            assert await store.migrate() == latest_version()
+            await store.open()
+        else:
+            await store.open(auto_migrate=True)
+        try:
+            assert await store.get(task.id) == task
+        finally:
+            await store.close()
+
+
+async def test_another_applications_schema_is_left_untouched(postgres_url: str):
+    store = PostgresStorage.from_url(postgres_url)
+    conn = await raw()
+    try:
+        await conn.execute(f'CREATE SCHEMA "{store.schema}"')
+        await conn.execute(f'CREATE TABLE "{store.schema}".invoices (id int)')
+        for attempt in (store.open(), store.migrate()):
+            with pytest.raises(StorageUnavailable, match="not a taskmill schema"):
+                await attempt
+        tables = await pg_schema.schema_tables(conn, store.schema)
+        assert tables == ["invoices"]
+    finally:
+        await conn.close()
+
+
+async def test_schemas_of_one_database_are_separate_stores(postgres_url: str):
+    second = new_schema_name()
+    a = PostgresStorage.from_url(postgres_url)
+    b = PostgresStorage.from_url(POSTGRES_URL, schema=second)
+    await a.open()
+    await b.open()
+    try:
+        (task,) = await a.enqueue([new_task()])
+        assert await b.get(task.id) is None
+        assert await b.claim_batch(claim_request()) == []
+        assert [t.id for t in await a.claim_batch(claim_request())] == [task.id]
+        assert a.channel != b.channel
+    finally:
+        await a.close()
+        await b.close()
+        drop_schema(second)
+
+
+_MIGRATOR = """
+import asyncio, sys
+from taskmill_postgres import PostgresStorage
+
+async def main():
+    store = PostgresStorage.from_url(sys.argv[1])
+    sys.stdout.write("ready\\n"); sys.stdout.flush()
+    sys.stdin.readline()
+    print(await store.migrate())
+
+asyncio.run(main())
+"""
+
+
+def _run_together(script: str, *args: str, processes: int) -> list[str]:
+    """Start ``processes`` runs of ``script``, release them at once, return their output."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(processes)
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        outputs = [proc.communicate(timeout=120) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for proc, (_, err) in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, err
+    return [out.strip().splitlines()[-1] for out, _ in outputs]
+
+
+async def test_concurrent_migrations_from_several_processes_apply_each_file_once(
+    postgres_url: str,
+):
+    results = await asyncio.to_thread(_run_together, _MIGRATOR, postgres_url, processes=4)
+    assert results == [str(latest_version())] * 4
+    store = PostgresStorage.from_url(postgres_url)
+    await store.open()
+    try:
+        (task,) = await store.enqueue([new_task()])
+        assert await store.get(task.id) == task
+    finally:
+        await store.close()
+
+
+# -- claims -----------------------------------------------------------------------------
+
+
+async def _plan(store: PostgresStorage, request: ClaimRequest) -> str:
+    statement = store.sql.claim_arguments(request, 0, "c")
+    assert statement is not None
+    sql, args = statement
+    conn = await raw()
+    try:
+        rows = await conn.fetch(f"EXPLAIN (COSTS OFF) {sql}", *args)
+    finally:
+        await conn.close()
+    return "\n".join(r[0] for r in rows)
+
+
+_REQUESTS = [
+    ClaimRequest(worker_id="w", handlers={(None, "job"): None}, limit=100, lease_seconds=30),
+    ClaimRequest(
+        worker_id="w",
+        handlers={(None, "job"): 3, ("app", "job"): None, (None, "other"): None},
+        limit=100,
+        lease_seconds=30,
+        min_priority=1000,
+    ),
+]
+
+
+@pytest.mark.parametrize("request_", _REQUESTS, ids=["one-type", "caps-apps-priority"])
+async def test_a_claim_uses_the_partial_claim_index(store: PostgresStorage, request_: ClaimRequest):
+    await _finished_rows(store, 20000)
+    await store.enqueue([new_task(t) for t in ("job", "other") for _ in range(50)])
+    await store.suspend(SuspensionScope(task_type="unrelated"))
+    plan = await _plan(store, request_)
+    assert plan.count("Index Scan using tasks_claim") == len(request_.handlers), plan
+    assert "Seq Scan on tasks" not in plan, plan
+    assert "SKIP LOCKED" not in plan  # (EXPLAIN shows it as LockRows)
+    assert "LockRows" in plan
+
+
+async def _finished_rows(store: PostgresStorage, count: int) -> None:
+    """Add ``count`` COMPLETED tasks straight in SQL (fast), then ANALYZE."""
+    s = store.sql.quoted
+    conn = await raw()
+    try:
+        await conn.execute(
+            f"INSERT INTO {s}.tasks (id, task_type, status, created_at, run_at, updated_at,"
+            " params, priority, max_retries, attempts, result, started_at, finished_at)"
+            " SELECT 'done-' || g, 'job', 'completed', now(), now(), now(), '{}', 100, 3, 1,"
+            " 'null', now(), now() FROM generate_series(1, $1::int) AS g",
+            count,
+        )
+        await conn.execute(f"ANALYZE {s}.tasks")
+    finally:
+        await conn.close()
+
+
+@pytest.mark.slow
+async def test_with_a_million_finished_tasks_the_claim_still_reads_only_the_queue(
+    store: PostgresStorage,
+):
+    s = store.sql.quoted
+    await _finished_rows(store, 1_000_000)
+    conn = await raw()
+    try:
+        await store.enqueue([new_task("job") for _ in range(200)])
+        plan = await _plan(store, _REQUESTS[0])
+        assert "Index Scan using tasks_claim" in plan and "Seq Scan on tasks" not in plan, plan
+        claim_index = await conn.fetchval(f"SELECT pg_relation_size('{s}.tasks_claim')")
+        table = await conn.fetchval(f"SELECT pg_relation_size('{s}.tasks')")
+        assert claim_index < table / 100  # the queue's index, not the table's
+        started = time.perf_counter()
+        claimed = await store.claim_batch(claim_request(limit=100))
+        elapsed = time.perf_counter() - started
+        assert len(claimed) == 100
+        assert elapsed < 5  # generous: the claim touches ~100 index entries, not 1M rows
+    finally:
+        await conn.close()
+
+
+async def test_claims_match_the_reference_store(store: PostgresStorage):
+    """Random queues and claim requests (caps, app keys, priorities, not-yet-due tasks,
+    suspensions): PostgreSQL claims exactly what the in-memory reference claims."""
+    rng = random.Random(20240611)
+    memory = MemoryStorage()
+    types = ["a", "b", "c"]
+    apps: list[str | None] = [None, "x", "y"]
+    for round_ in range(14):
+        if round_ in (5, 9):
+            scope = SuspensionScope(task_type=rng.choice(types), app_id=rng.choice(apps))
+            for target in (memory, store):
+                await target.suspend(scope)
+        if round_ == 12:
+            for target in (memory, store):
+                for scope in await target.suspensions():
+                    await target.resume(scope)
+        specs = []
+        for _ in range(rng.randint(0, 40)):
+            run_at = None
+            if rng.random() < 0.2:
+                run_at = utcnow() + timedelta(hours=1)
+            elif rng.random() < 0.3:
+                run_at = utcnow() - timedelta(seconds=rng.randint(1, 100))
+            specs.append(
+                new_task(
+                    rng.choice(types),
+                    {"r": round_},
+                    app_id=rng.choice(apps),
+                    priority=rng.choice([0, 100, 100, 1000, 5000]),
+                    run_at=run_at,
+                )
+            )
+        for batch in (specs[: len(specs) // 2], specs[len(specs) // 2 :]):
+            if batch:
+                await memory.enqueue(batch)
+                await store.enqueue(batch)
+        handlers: dict[HandlerKey, int | None] = {}
+        for key in rng.sample([(a, t) for a in apps for t in types], rng.randint(1, 5)):
+            handlers[key] = rng.choice([None, None, 0, 1, 2, 5])
+        request = ClaimRequest(
+            worker_id=f"w{round_}",
+            handlers=handlers,
+            limit=rng.randint(1, 25),
+            lease_seconds=60,
+            min_priority=rng.choice([None, None, 100, 1000]),
+        )
+        expected = [t.id for t in await memory.claim_batch(request)]
+        got = await store.claim_batch(request)
+        assert [t.id for t in got] == expected, (round_, request)
+        if got:
+            await store.finish_batch([finish_of(t) for t in got[::2]])
+            mem = [await memory.get(t.id) for t in got[::2]]
+            await memory.finish_batch([finish_of(t) for t in mem if t is not None])
+
+
+async def test_two_stores_never_claim_the_same_task(store: PostgresStorage, other):
+    await store.enqueue([new_task() for _ in range(600)])
+    claimers = [(f"{n}{i}", s) for i in range(4) for n, s in (("a", store), ("b", other))]
+    got: dict[str, list[str]] = {w: [] for w, _ in claimers}
+    while True:
+        batches = await asyncio.gather(
+            *(s.claim_batch(claim_request(worker=w, limit=7)) for w, s in claimers)
+        )
+        if not any(batches):
+            break
+        for (worker, _), batch in zip(claimers, batches, strict=True):
+            assert all(t.worker_id == worker for t in batch)
+            got[worker] += [t.id for t in batch]
+    ids = [i for claimed in got.values() for i in claimed]
+    assert len(ids) == len(set(ids)) == 600
+    assert (await other.summary(TaskFilter())).running == 600
+
+
+_CLAIMER = """
+import asyncio, json, os, sys
+from taskmill_postgres import PostgresStorage
+from taskmill.storage import ClaimRequest
+
+async def main():
+    store = PostgresStorage.from_url(sys.argv[1])
+    await store.open()
+    worker = f"p{os.getpid()}"
+    request = ClaimRequest(worker_id=worker, handlers={(None, "job"): None},
+                           limit=5, lease_seconds=60)
+    sys.stdout.write("ready\\n"); sys.stdout.flush()
+    sys.stdin.readline()
+    got = []
+    while batch := await store.claim_batch(request):
+        got += [t.id for t in batch]
+    await store.close()
+    print(json.dumps([worker, got]))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow
+async def test_worker_processes_never_claim_the_same_task(store: PostgresStorage):
+    expected = {t.id for t in await store.enqueue([new_task() for _ in range(900)])}
+    outputs = await asyncio.to_thread(_run_together, _CLAIMER, store.url, processes=3)
+    claimed = [json.loads(out) for out in outputs]
+    ids = [i for _, got in claimed for i in got]
+    assert len(ids) == len(set(ids)) == 900
+    assert set(ids) == expected
+    owner = {t.id: t.worker_id for t in await store.query(TaskFilter(), limit=1000)}
+    for worker, got in claimed:
+        assert {owner[i] for i in got} <= {worker}
+
+
+async def test_a_claim_racing_a_suspension_is_told_to_stop_by_its_lease_checks(
+    store: PostgresStorage,
+):
+    await store.enqueue([new_task("a"), new_task("b")])
+    a, b = await store.claim_batch(claim_request("a", "b"))
+    # As if the claim had committed just after the suspension did: the task runs in a
+    # suspended scope without a recorded stop request.
+    conn = await raw()
+    try:
+        await conn.execute(
+            f"INSERT INTO {store.sql.quoted}.suspensions (task_type, app_id, created_at)"
+            " VALUES ('a', NULL, now())"
+        )
+    finally:
+        await conn.close()
+    expected = {a.id: CancelReason.SUSPENDED, b.id: None}
+    assert await store.watch_leases([lease_of(a), lease_of(b)]) == expected
+    assert await store.renew_leases([lease_of(a), lease_of(b)], 30) == expected
+    await store.resume(SuspensionScope(task_type="a"))
+    assert await store.watch_leases([lease_of(a)]) == {a.id: None}
+
+
+# -- finishing ---------------------------------------------------------------------------
+
+
+async def test_one_batch_mixes_every_kind_in_order(store: PostgresStorage):
+    await store.enqueue([new_task() for _ in range(5)])
+    c, r, f, rel, can = await store.claim_batch(claim_request(limit=5))
+    results = await store.finish_batch(
+        [
+            finish_of(c, result=[1], data={"d": 1}),
+            finish_of(r, FinishKind.RETRY, error="r", retry_in=60, progress=Progress(1, None)),
+            finish_of(f, FinishKind.FAIL, error="f"),
+            finish_of(rel, FinishKind.RELEASE),
+            finish_of(can, FinishKind.CANCEL, cancel_reason=CancelReason.PREEMPTED, error="p"),
+        ]
+    )
+    assert [t.id if t else None for t in results] == [c.id, r.id, f.id, rel.id, can.id]
+    done, retried, failed, released, cancelled = results
+    assert done is not None and done.result == [1] and done.data == {"d": 1}
+    assert retried is not None and retried.progress == Progress(1, None)
+    assert retried.attempts == 1 and retried.error == "r"
+    assert retried.run_at > utcnow() + timedelta(seconds=50)
+    assert failed is not None and failed.error == "f" and failed.finished_at is not None
+    assert released is not None and released.attempts == 0
+    assert cancelled is not None and cancelled.cancel_reason is CancelReason.PREEMPTED
+    for task in results:
+        assert task is not None and await store.get(task.id) == task
+    outcomes = [(await store.attempts(t.id))[0].outcome for t in (c, r, f, rel, can)]
+    assert outcomes == [
+        AttemptOutcome.COMPLETED,
+        AttemptOutcome.FAILED,
+        AttemptOutcome.FAILED,
+        AttemptOutcome.INTERRUPTED,
+        AttemptOutcome.CANCELLED,
+    ]
+
+
+async def test_a_requested_interruption_turns_retry_and_fail_into_release(
+    store: PostgresStorage,
+):
+    await store.enqueue([new_task(), new_task(), new_task()])
+    retrying, failing, completing = await store.claim_batch(claim_request(limit=3))
+    await store.cancel(
+        task_ids=[retrying.id, failing.id, completing.id], reason=CancelReason.SUSPENDED
+    )
+    r, f, c = await store.finish_batch(
+        [
+            finish_of(retrying, FinishKind.RETRY, error="x", retry_in=3600),
+            finish_of(failing, FinishKind.FAIL, error="y"),
+            finish_of(completing, result=1),
+        ]
+    )
+    for task in (r, f):
+        assert task is not None and task.status is TaskStatus.PENDING
+        assert task.attempts == 0 and task.cancel_reason is None
+        (logged,) = await store.attempts(task.id)
+        assert logged.outcome is AttemptOutcome.INTERRUPTED
+    assert c is not None and c.status is TaskStatus.COMPLETED and c.cancel_reason is None
+
+
+async def test_a_task_named_twice_in_one_batch_is_finished_once(store: PostgresStorage):
+    await store.enqueue([new_task(), new_task()])
+    a, b = await store.claim_batch(claim_request(limit=2))
+    results = await store.finish_batch(
+        [finish_of(a, result="first"), finish_of(a, result="second"), finish_of(b, result="b")]
+    )
+    assert results[0] is not None and results[0].result == "first"
+    assert results[1] is None
+    assert results[2] is not None and results[2].result == "b"
+    assert len(await store.attempts(a.id)) == 1
+
+
+async def test_large_batches_are_one_statement_each(store: PostgresStorage):
+    await store.enqueue([new_task(params={"i": i}) for i in range(2000)])
+    claimed = await store.claim_batch(claim_request(limit=2000))
+    assert len(claimed) == 2000
+    results = await store.finish_batch([finish_of(t, result=i) for i, t in enumerate(claimed)])
+    assert [t.result if t else None for t in results] == list(range(2000))
+    assert (await store.summary(TaskFilter())).completed == 2000
+
+
+async def test_rescue_honours_a_requested_interruption_and_its_limit(store: PostgresStorage):
+    await store.enqueue([new_task(max_retries=0) for _ in range(4)])
+    suspended, cancelled, *rest = await store.claim_batch(claim_request(lease=0.05, limit=4))
+    conn = await raw()
+    try:
+        await conn.execute(
+            f"UPDATE {store.sql.quoted}.tasks SET cancel_reason = 'user' WHERE id = $1",
+            cancelled.id,
+        )
+    finally:
+        await conn.close()
+    await store.cancel(task_ids=[suspended.id], reason=CancelReason.SUSPENDED)
+    await asyncio.sleep(0.1)
+    first = await store.rescue_expired(limit=3)
+    rescued = {t.id: t for t in first + await store.rescue_expired(limit=3)}
+    assert len(first) == 3 and len(rescued) == 4
+    assert rescued[suspended.id].status is TaskStatus.PENDING
+    assert rescued[suspended.id].attempts == 0
+    assert rescued[cancelled.id].status is TaskStatus.CANCELLED
+    for task in rest:
+        assert rescued[task.id].status is TaskStatus.FAILED
+        assert rescued[task.id].error == "lease expired"
+        (lost,) = await store.attempts(task.id)
+        assert lost.outcome is AttemptOutcome.LOST
+
+
+# -- dedupe ------------------------------------------------------------------------------
+
+
+async def test_the_database_itself_refuses_a_second_active_leader(store: PostgresStorage):
+    (leader,) = await store.enqueue([new_task("t", app_id="a", dedupe_key="k")])
+    conn = await raw()
+    try:
+        with pytest.raises(asyncpg.exceptions.UniqueViolationError, match="tasks_dedupe_leader"):
+            await conn.execute(
+                f"INSERT INTO {store.sql.quoted}.tasks (id, task_type, status, created_at,"
+                " run_at, updated_at, app_id, params, priority, max_retries, dedupe_key)"
+                " VALUES ('x', 't', 'pending', now(), now(), now(), 'a', '{}', 0, 0, 'k')"
+            )
+    finally:
+        await conn.close()
+    assert leader.alias_of is None
+
+
+async def test_the_host_and_an_app_named_empty_have_separate_dedupe_scopes(
+    store: PostgresStorage,
+):
+    host, empty = await store.enqueue(
+        [new_task("t", dedupe_key="k"), new_task("t", dedupe_key="k", app_id="")]
+    )
+    assert host.alias_of is None and empty.alias_of is None
+    (again,) = await store.enqueue([new_task("t", dedupe_key="k", app_id="")])
+    assert again.alias_of == empty.id
+
+
+async def test_one_call_with_a_repeated_key_has_one_leader(store: PostgresStorage):
+    tasks = await store.enqueue([new_task("t", dedupe_key="k") for _ in range(4)])
+    assert tasks[0].alias_of is None
+    assert [t.alias_of for t in tasks[1:]] == [tasks[0].id] * 3
+    assert [await store.get(t.id) for t in tasks] == tasks
+
+
+async def test_concurrent_enqueues_from_two_stores_yield_one_leader(store, other):
+    results = await asyncio.gather(
+        *((store, other)[i % 2].enqueue([new_task("t", dedupe_key="same")]) for i in range(40))
+    )
+    tasks = [t for batch in results for t in batch]
+    leaders = [t for t in tasks if t.alias_of is None]
+    assert len(leaders) == 1
+    assert all(t.alias_of == leaders[0].id for t in tasks if t is not leaders[0])
+    assert [await store.get(t.id) for t in tasks] == tasks
+
+
+async def test_an_alias_enqueued_while_its_leader_finishes_is_never_left_behind(
+    store: PostgresStorage, other: PostgresStorage
+):
+    for round_ in range(25):
+        key = f"k{round_}"
+        await store.enqueue([new_task("t", dedupe_key=key)])
+        (leader,) = await store.claim_batch(claim_request("t"))
+        _, (late,) = await asyncio.gather(
+            store.finish_batch([finish_of(leader, result=round_)]),
+            other.enqueue([new_task("t", dedupe_key=key)]),
+        )
+        current = await store.get(late.id)
+        assert current is not None
+        if late.alias_of is None:  # the leader had finished: it leads now
+            assert current.status is TaskStatus.PENDING
+            await store.cancel(task_ids=[late.id])
+        else:  # it was an alias: it took the leader's outcome
+            assert late.alias_of == leader.id
+            assert current.status is TaskStatus.COMPLETED and current.result == round_
+
+
+_ENQUEUER = """
+import asyncio, sys
+from taskmill_postgres import PostgresStorage
+from taskmill.testing import new_task
+
+async def main():
+    store = PostgresStorage.from_url(sys.argv[1])
+    await store.open()
+    sys.stdout.write("ready\\n"); sys.stdout.flush()
+    sys.stdin.readline()
+    for _ in range(25):
+        await store.enqueue([new_task("render", {"page": 1}, dedupe_key="page-1")])
+    await store.close()
+    print("done")
+
+asyncio.run(main())
+"""
+
+
+async def test_concurrent_enqueues_with_one_key_from_several_processes_yield_one_leader(
+    store: PostgresStorage,
+):
+    await asyncio.to_thread(_run_together, _ENQUEUER, store.url, processes=4)
+    tasks = await store.query(TaskFilter(), limit=1000)
+    leaders = [t for t in tasks if t.alias_of is None]
+    assert len(tasks) == 100
+    assert len(leaders) == 1
+    assert all(t.alias_of == leaders[0].id for t in tasks if t is not leaders[0])
+
+
+# -- the event log --------------------------------------------------------------------------
+
+
+async def test_event_cursors_never_skip_a_commit_under_concurrent_writers(
+    store: PostgresStorage, other: PostgresStorage
+):
+    """Writers commit in an order that differs from the order they started in; a reader
+    polling all along must still see every event exactly once (its cursor never passes
+    an event that commits later)."""
+    _, start = await store.read_events(None)
+    stop = asyncio.Event()
+    seen: list[int] = []
+
+    async def reader() -> None:
+        cursor = start
+        while True:
+            done = stop.is_set()
+            events, cursor = await store.read_events(cursor, limit=50)
+            seen.extend(e.cursor for e in events)
+            if done and not events:
+                return
+            await asyncio.sleep(0)
+
+    async def writer(target: PostgresStorage, n: int) -> None:
+        for i in range(15):
+            await target.enqueue([new_task("w", {"n": n, "i": i}) for _ in range(1 + i % 3)])
+            for task in await target.claim_batch(claim_request("w", worker=f"w{n}", limit=2)):
+                await target.finish_batch([finish_of(task)])
+
+    reading = asyncio.create_task(reader())
+    await asyncio.gather(*(writer((store, other)[n % 2], n) for n in range(6)))
+    stop.set()
+    await reading
+    everything, _ = await store.read_events(start, limit=100000)
+    assert seen == [e.cursor for e in everything]
+    assert len(seen) == len(set(seen))
+
+
+async def test_a_new_subscriber_starts_after_everything_committed(store: PostgresStorage):
+    _, empty = await store.read_events(None)
+    assert await store.read_events(empty) == ([], empty)
+    await store.enqueue([new_task()])
+    _, start = await store.read_events(None)
+    assert start > empty
+    (task,) = await store.enqueue([new_task()])
+    events, _ = await store.read_events(start)
+    assert [e.task.id for e in events] == [task.id]
+    # With every event pruned the cursor still does not go back.
+    await asyncio.sleep(0.01)
+    await store.prune_events(timedelta(0))
+    _, after_prune = await store.read_events(None)
+    assert after_prune >= events[-1].cursor
+
+
+async def test_events_of_deleted_tasks_are_skipped(store: PostgresStorage):
+    _, start = await store.read_events(None)
+    await store.enqueue([new_task("gone")])
+    (task,) = await store.claim_batch(claim_request("gone"))
+    await store.finish_batch([finish_of(task)])
+    (kept,) = await store.enqueue([new_task("kept")])
+    assert await wait_until(lambda: store.cleanup(timedelta(0))) == 1
+    events, cursor = await store.read_events(start)
+    assert [e.task.id for e in events] == [kept.id]
+    assert cursor == events[-1].cursor
+
+
+# -- LISTEN/NOTIFY --------------------------------------------------------------------------
+
+
+async def _notify(store: PostgresStorage, *kinds: str) -> None:
+    """NOTIFY changes of ``kinds`` from a connection of its own, in one transaction."""
+    conn = await raw()
+    try:
+        async with conn.transaction():
+            for kind in kinds:
+                await conn.execute("SELECT pg_notify($1, '')", store.channel + kind)
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def listener(store: PostgresStorage) -> AsyncIterator[PostgresChangeListener]:
+    listening = await store.change_listener()
+    assert isinstance(listening, PostgresChangeListener)
+    yield listening
+    await listening.close()
+
+
+async def test_a_notify_from_another_connection_wakes_a_waiting_listener(
+    store: PostgresStorage, listener: PostgresChangeListener
+):
+    waiting = asyncio.create_task(listener.wait(frozenset({StoreChange.WORK}), 10))
+    await asyncio.sleep(0.05)
+    started = time.monotonic()
+    await _notify(store, "work")
+    assert await waiting is True
+    assert time.monotonic() - started < 1
+
+
+async def test_a_listener_wakes_only_for_the_kinds_it_waits_for(
+    store: PostgresStorage, listener: PostgresChangeListener
+):
+    waiting = asyncio.create_task(listener.wait(frozenset({StoreChange.CONTROL}), 0.5))
+    await asyncio.sleep(0.05)
+    await _notify(store, "work", "events")
+    assert await waiting is False
+    waiting = asyncio.create_task(listener.wait(frozenset({StoreChange.CONTROL}), 10))
+    await asyncio.sleep(0.05)
+    await _notify(store, "events", "control")
+    assert await waiting is True
+
+
+async def test_only_notifications_after_the_wait_began_count(
+    store: PostgresStorage, listener: PostgresChangeListener
+):
+    await listener.wait(frozenset({StoreChange.WORK}), 0.01)  # listening on WORK now
+    await _notify(store, "work")
+    await asyncio.sleep(0.2)  # delivered before the wait below begins
+    assert await listener.wait(frozenset({StoreChange.WORK}), 0.3) is False
+
+
+async def test_storage_operations_notify_their_kinds_on_commit(
+    store: PostgresStorage, other: PostgresStorage, listener: PostgresChangeListener
+):
+    async def notified(kind: StoreChange, action, timeout: float = 5) -> bool:
+        waiting = asyncio.create_task(listener.wait(frozenset({kind}), timeout))
+        await asyncio.sleep(0.05)
+        await action
+        return await waiting
+
+    assert await notified(StoreChange.WORK, other.enqueue([new_task()]))
+    assert await notified(StoreChange.EVENTS, other.enqueue([new_task()]))
+    (running,) = await other.claim_batch(claim_request(limit=1))
+    assert await notified(StoreChange.EVENTS, other.finish_batch([finish_of(running)]))
+    (again,) = await other.claim_batch(claim_request())
+    assert await notified(
+        StoreChange.WORK, other.finish_batch([finish_of(again, FinishKind.RETRY, error="x")])
+    )
+    (again,) = await other.claim_batch(claim_request())
+    assert await notified(StoreChange.CONTROL, other.cancel(task_ids=[again.id]))
+    assert await notified(StoreChange.CONTROL, other.suspend(SuspensionScope("job")))
+    assert await notified(StoreChange.WORK, other.resume(SuspensionScope("job")))
+    # Nothing changes, nothing is notified:
+    assert not await notified(StoreChange.EVENTS, other.claim_batch(claim_request("none")), 0.5)
+
+
+async def test_a_rolled_back_change_notifies_nothing(
+    store: PostgresStorage, listener: PostgresChangeListener
+):
+    (task,) = await store.enqueue([new_task()])
+    await asyncio.sleep(0.2)  # its own notification arrives before the wait begins
+    waiting = asyncio.create_task(listener.wait(frozenset(StoreChange), 0.5))
+    await asyncio.sleep(0.05)
+    with pytest.raises(InvalidTaskSpec, match="already exists"):
+        await store.enqueue([new_task(), evolve(new_task(), id=task.id)])  # all or none
+    assert await waiting is False
+
+
+async def test_a_listener_reconnects_after_its_connection_is_killed_and_reports_it(
+    store: PostgresStorage, listener: PostgresChangeListener
+):
+    assert listener._conn is not None
+    pid = listener._conn.get_server_pid()
+    waiting = asyncio.create_task(listener.wait(frozenset({StoreChange.WORK}), 15))
+    conn = await raw()
+    try:
+        assert await conn.fetchval("SELECT pg_terminate_backend($1)", pid)
+    finally:
+        await conn.close()
+    assert await waiting is True  # "look for yourself": notifications may have been lost
+    assert listener.reconnects == 1 and listener.connected
+    waiting = asyncio.create_task(listener.wait(frozenset({StoreChange.WORK}), 10))
+    await asyncio.sleep(0.05)
+    await _notify(store, "work")
+    assert await waiting is True
+
+
+async def test_a_notify_from_another_process_wakes_the_listener(
+    store: PostgresStorage, listener: PostgresChangeListener
+):
+    script = (
+        "import asyncio, sys\n"
+        "from taskmill_postgres import PostgresStorage\n"
+        "from taskmill.testing import new_task\n"
+        "async def main():\n"
+        "    store = PostgresStorage.from_url(sys.argv[1])\n"
+        "    await store.open()\n"
+        "    await store.enqueue([new_task()])\n"
+        "    await store.close()\n"
+        "asyncio.run(main())\n"
+    )
+    waiting = asyncio.create_task(listener.wait(frozenset({StoreChange.WORK}), 30))
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", script, store.url)
+    assert await proc.wait() == 0
+    assert await waiting is True
+
+
+async def test_closing_a_listener_releases_its_waiters(listener: PostgresChangeListener):
+    waiting = asyncio.create_task(listener.wait(frozenset(StoreChange), 30))
+    await asyncio.sleep(0.05)
+    await listener.close()
+    assert await asyncio.wait_for(waiting, 5) is False
+    await listener.close()
+
+
+async def test_a_listener_cannot_open_on_an_unreachable_server():
+    store = PostgresStorage.from_url("postgresql://u:pw@127.0.0.1:1/db", connect_timeout=2)
+    with pytest.raises(StorageUnavailable, match=r"127\.0\.0\.1:1/db"):
+        await store.change_listener()
