@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from taskmill.backends.sqlite import SQLiteStorage, latest_version
-from taskmill.backends.sqlite.schema import migrations, split_statements
+from taskmill.backends.sqlite.schema import migrations, split_statements, statements
 from taskmill.cli import main as cli_main
 from taskmill.errors import SchemaVersionError, StorageUnavailable
 from taskmill.model import CancelReason, EventKind, TaskFilter, TaskStatus
@@ -84,7 +84,7 @@ def test_migrations_are_numbered_from_one_without_gaps():
     assert [m.version for m in found] == list(range(1, len(found) + 1))
     assert latest_version() == found[-1].version >= 1
     assert found[0].name == "0001_initial.sql"
-    assert all(m.statements() for m in found)
+    assert all(statements(m) for m in found)
 
 
 def test_statements_are_split_on_real_semicolons_only():
@@ -115,7 +115,7 @@ async def test_a_fresh_database_equals_all_migrations_applied_in_order(tmp_path:
     conn = sqlite3.connect(stepwise, isolation_level=None)
     for migration in migrations():
         conn.execute("BEGIN")
-        for statement in migration.statements():
+        for statement in statements(migration):
             conn.execute(statement)
         conn.execute(
             "INSERT INTO taskmill_meta (key, value) VALUES ('schema_version', ?) "
@@ -181,7 +181,7 @@ def stepwise_database(path: Path, version: int) -> None:
     conn = sqlite3.connect(path, isolation_level=None)
     for migration in migrations()[:version]:
         conn.execute("BEGIN")
-        for statement in migration.statements():
+        for statement in statements(migration):
             conn.execute(statement)
         conn.execute(
             "INSERT INTO taskmill_meta (key, value) VALUES ('schema_version', ?) "

@@ -11,15 +11,13 @@ schema alone. Every function here takes an open asyncpg connection.
 
 from __future__ import annotations
 
-import re
 from functools import cache
-from importlib.resources import files
 from typing import TypeAlias
 
 import asyncpg
-import attrs
 from asyncpg.pool import PoolConnectionProxy
 from taskmill.errors import SchemaVersionError, StorageUnavailable
+from taskmill.migrations import Migration, load_migrations
 
 from taskmill_postgres.options import lock_key, quote_ident
 
@@ -28,45 +26,12 @@ Conn: TypeAlias = "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyn
 
 META_TABLE = "taskmill_meta"
 VERSION_KEY = "schema_version"
-_FILE_NAME = re.compile(r"^(\d{4})_([A-Za-z0-9_]+)\.sql$")
-
-
-@attrs.frozen
-class Migration:
-    """One migration file: the schema ``version`` it produces and its SQL text."""
-
-    version: int
-    name: str
-    sql: str
 
 
 @cache
 def migrations() -> tuple[Migration, ...]:
-    """Every shipped migration, in version order.
-
-    :raises RuntimeError: the files are not numbered 1..N without gaps (a packaging
-        error, not a user error).
-    """
-    folder = files("taskmill_postgres") / "migrations"
-    found: list[Migration] = []
-    for entry in folder.iterdir():
-        match = _FILE_NAME.match(entry.name)
-        if match is None:
-            continue
-        found.append(
-            Migration(
-                version=int(match.group(1)),
-                name=entry.name,
-                sql=entry.read_text(encoding="utf-8"),
-            )
-        )
-    found.sort(key=lambda m: m.version)
-    if [m.version for m in found] != list(range(1, len(found) + 1)):
-        raise RuntimeError(
-            "taskmill-postgres migrations must be numbered 0001, 0002, ... without gaps; "
-            f"found {[m.name for m in found]}"
-        )
-    return tuple(found)
+    """Every shipped migration, in version order."""
+    return load_migrations("taskmill_postgres", owner="taskmill-postgres")
 
 
 def latest_version() -> int:

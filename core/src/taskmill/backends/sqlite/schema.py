@@ -12,60 +12,29 @@ thread.
 
 from __future__ import annotations
 
-import re
 import sqlite3
 from functools import cache
-from importlib.resources import files
-
-import attrs
 
 from taskmill.errors import SchemaVersionError, StorageUnavailable
+from taskmill.migrations import Migration, load_migrations
 
 META_TABLE = "taskmill_meta"
 VERSION_KEY = "schema_version"
-_FILE_NAME = re.compile(r"^(\d{4})_([A-Za-z0-9_]+)\.sql$")
 
 
-@attrs.frozen
-class Migration:
-    """One migration file: the schema ``version`` it produces and its SQL text."""
-
-    version: int
-    name: str
-    sql: str
-
-    def statements(self) -> list[str]:
-        """The file's SQL statements, in order (comments and blank text dropped)."""
-        return split_statements(self.sql)
+def migrations() -> tuple[Migration, ...]:
+    """Every shipped migration, in version order."""
+    return _migrations()
 
 
 @cache
-def migrations() -> tuple[Migration, ...]:
-    """Every shipped migration, in version order.
+def _migrations() -> tuple[Migration, ...]:
+    return load_migrations("taskmill.backends.sqlite", owner="taskmill's SQLite")
 
-    :raises RuntimeError: the files are not numbered 1..N without gaps (a packaging
-        error, not a user error).
-    """
-    folder = files("taskmill.backends.sqlite") / "migrations"
-    found: list[Migration] = []
-    for entry in folder.iterdir():
-        match = _FILE_NAME.match(entry.name)
-        if match is None:
-            continue
-        found.append(
-            Migration(
-                version=int(match.group(1)),
-                name=entry.name,
-                sql=entry.read_text(encoding="utf-8"),
-            )
-        )
-    found.sort(key=lambda m: m.version)
-    if [m.version for m in found] != list(range(1, len(found) + 1)):
-        raise RuntimeError(
-            "taskmill's SQLite migrations must be numbered 0001, 0002, ... without gaps; "
-            f"found {[m.name for m in found]}"
-        )
-    return tuple(found)
+
+def statements(migration: Migration) -> list[str]:
+    """A migration's SQL statements, in order (comments and blank text dropped)."""
+    return split_statements(migration.sql)
 
 
 def latest_version() -> int:
@@ -177,7 +146,7 @@ def apply_pending(conn: sqlite3.Connection, path: str) -> int:
         if version > expected:
             raise newer_version_error(path, version, expected)
         for migration in migrations()[version:]:
-            for statement in migration.statements():
+            for statement in statements(migration):
                 conn.execute(statement)
             conn.execute(
                 f"INSERT INTO {META_TABLE} (key, value) VALUES (?, ?) "
