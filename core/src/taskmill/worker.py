@@ -185,6 +185,7 @@ class Worker:
         self._last_rescue = 0.0
         self._flush_deadline: float | None = None
         self._listener: ChangeListener | None = None
+        self._check_leases_now = asyncio.Event()
         self._signals = 0
         self.processed = 0
         """Attempts this worker finished (any outcome)."""
@@ -678,24 +679,20 @@ class Worker:
                 log.exception("waiting for change notifications failed")
                 await asyncio.sleep(self.poll_interval)
                 continue
-            if not notified:
-                continue
-            if self._wake is not None:
-                self._wake.set()
-            leases = [e.lease for e in self._running.values() if not e.abandoned]
-            if leases:
-                try:
-                    held = await self._tm.storage.watch_leases(leases)
-                except Exception:
-                    log.exception("checking %d leases failed", len(leases))
-                    continue
-                await self._apply_lease_state(leases, held)
+            if notified:
+                # Hand off instead of checking here: this loop must be back listening
+                # before the next notification arrives.
+                if self._wake is not None:
+                    self._wake.set()
+                self._check_leases_now.set()
 
     async def _watch_leases_loop(self) -> None:
         """Learn of cancellations and suspensions of running tasks within
         ``cancel_check_interval``, whichever process asked for them."""
         while True:
-            await asyncio.sleep(self.cancel_check_interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._check_leases_now.wait(), self.cancel_check_interval)
+            self._check_leases_now.clear()
             leases = [e.lease for e in self._running.values() if not e.abandoned]
             if not leases:
                 continue
