@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import sqlite3
 import subprocess
 import sys
@@ -17,12 +16,11 @@ from pathlib import Path
 
 import pytest
 from attrs import evolve
-from taskmill.backends.memory import MemoryStorage
 from taskmill.backends.sqlite import SQLiteStorage, claim_statement
 from taskmill.discovery import storage_for_url
 from taskmill.errors import InvalidTransition, InvalidURL, StorageUnavailable
 from taskmill.model import AttemptOutcome, CancelReason, Progress, TaskFilter, TaskStatus
-from taskmill.storage import ClaimRequest, FinishKind, HandlerKey, Lease, TaskStorage, utcnow
+from taskmill.storage import ClaimRequest, FinishKind, Lease, TaskStorage, utcnow
 from taskmill.testing import StorageContract, lease_of, new_task, wait_until
 from taskmill.testing import claim as claim_request
 from taskmill.testing import finish as finish_of
@@ -324,54 +322,6 @@ async def test_the_lookups_by_id_lease_and_finish_time_use_indexes(store: SQLite
             conn, "SELECT id FROM tasks WHERE finished_at < ? AND status IN ('completed')", [0]
         )
         assert "tasks_parent" in _plan(conn, "SELECT id FROM tasks WHERE parent_id = ?", ["p"])
-
-
-async def test_claims_match_the_reference_store(store: SQLiteStorage):
-    """Random queues and claim requests (caps, app keys, priorities, not-yet-due
-    tasks): the SQLite store claims exactly what the in-memory reference claims."""
-    rng = random.Random(20240611)
-    memory = MemoryStorage()
-    types = ["a", "b", "c"]
-    apps: list[str | None] = [None, "x", "y"]
-    for round_ in range(12):
-        specs = []
-        for _ in range(rng.randint(0, 40)):
-            run_at = None
-            if rng.random() < 0.2:
-                run_at = utcnow() + timedelta(hours=1)
-            elif rng.random() < 0.3:
-                run_at = utcnow() - timedelta(seconds=rng.randint(1, 100))
-            specs.append(
-                new_task(
-                    rng.choice(types),
-                    {"r": round_},
-                    app_id=rng.choice(apps),
-                    priority=rng.choice([0, 100, 100, 1000, 5000]),
-                    run_at=run_at,
-                )
-            )
-        for batch in (specs[: len(specs) // 2], specs[len(specs) // 2 :]):
-            if batch:
-                await memory.enqueue(batch)
-                await store.enqueue(batch)
-        handlers: dict[HandlerKey, int | None] = {}
-        for key in rng.sample([(a, t) for a in apps for t in types], rng.randint(1, 5)):
-            handlers[key] = rng.choice([None, None, 0, 1, 2, 5])
-        request = ClaimRequest(
-            worker_id=f"w{round_}",
-            handlers=handlers,
-            limit=rng.randint(1, 25),
-            lease_seconds=60,
-            min_priority=rng.choice([None, None, 100, 1000]),
-        )
-        expected = [t.id for t in await memory.claim_batch(request)]
-        got = await store.claim_batch(request)
-        assert [t.id for t in got] == expected, (round_, request)
-        # Finish some of them so that later rounds see a mix of statuses.
-        if got:
-            await store.finish_batch([finish_of(t) for t in got[::2]])
-            mem = [await memory.get(t.id) for t in got[::2]]
-            await memory.finish_batch([finish_of(t) for t in mem if t is not None])
 
 
 # -- finishing ----------------------------------------------------------------------------

@@ -45,11 +45,12 @@ from taskmill.storage import (
 )
 from taskmill.testing.control import ControlContract
 from taskmill.testing.helpers import claim, finish, lease_of, new_task, wait_until
+from taskmill.testing.reference import ReferenceContract
 
 __all__ = ["StorageContract", "claim", "finish", "lease_of", "new_task", "wait_until"]
 
 
-class StorageContract(ControlContract):
+class StorageContract(ControlContract, ReferenceContract):
     """The semantics every :class:`~taskmill.TaskStorage` must have.
 
     Subclass it and provide an async ``storage`` fixture yielding an opened, empty store.

@@ -802,7 +802,19 @@ class SQLiteStorage(TaskStorage):
         return conn
 
     def _configure(self, conn: sqlite3.Connection) -> None:
-        conn.execute("PRAGMA journal_mode = WAL")
+        # Switching a fresh file to WAL needs an exclusive lock, and SQLite reports a
+        # busy database here without calling the busy handler: retry until the timeout.
+        deadline = time.monotonic() + self.busy_timeout
+        while True:
+            try:
+                (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                mode = None
+            if (mode is not None and str(mode).lower() == "wal") or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
         conn.execute(f"PRAGMA synchronous = {self.synchronous}")
 
     def _open_sync(self, auto_migrate: bool) -> None:
