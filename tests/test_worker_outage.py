@@ -1,0 +1,64 @@
+"""A worker whose database becomes unreachable still stops, and nothing is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from pathlib import Path
+
+from taskmill import Context, Taskmill, TaskStatus
+from taskmill.testing import wait_until
+
+
+async def test_stop_returns_while_the_database_is_locked_and_the_task_is_rescued_later(
+    tmp_path: Path,
+):
+    path = tmp_path / "outage.db"
+    url = f"sqlite:///{path}?busy_timeout=0.1"
+    started = asyncio.Event()
+    async with Taskmill(url, plugins=False) as tm:
+
+        @tm.handler("long")
+        async def long(ctx: Context, params: dict) -> str:
+            if ctx.task.attempts == 1:
+                started.set()
+                await asyncio.sleep(60)
+            return "second attempt"
+
+        task = await tm.enqueue("long")
+        worker = tm.worker(handle_signals=False, lease_seconds=1.0, min_poll_interval=0.01)
+        running = asyncio.create_task(worker.run())
+        await asyncio.wait_for(started.wait(), 10)
+
+        # Another process-like connection takes the write lock and keeps it: every write
+        # of the worker now fails with "database is locked".
+        blocker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        blocker.execute("BEGIN EXCLUSIVE")
+        try:
+            began = time.monotonic()
+            await asyncio.wait_for(worker.stop(grace=0), 60)
+            await asyncio.wait_for(running, 10)
+            stopped_in = time.monotonic() - began
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+
+        # The interrupted attempt could not be written: the task is still RUNNING under
+        # the dead worker's lease, and another worker rescues and completes it.
+        current = await tm.get(task.id)
+        assert current is not None and current.status is TaskStatus.RUNNING
+        assert stopped_in < 40
+
+        async def completed() -> bool:
+            done = await tm.get(task.id)
+            return done is not None and done.status is TaskStatus.COMPLETED
+
+        rescuer = tm.worker(handle_signals=False, rescue_interval=0.1, min_poll_interval=0.01)
+        rescuing = asyncio.create_task(rescuer.run())
+        await wait_until(completed, timeout=30)
+        await rescuer.stop(grace=5)
+        await rescuing
+        done = await tm.get(task.id)
+        assert done is not None and done.result == "second attempt"
+        assert done.attempts == 2
