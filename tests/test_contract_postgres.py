@@ -151,22 +151,6 @@ async def test_a_wrong_password_is_unavailable_without_showing_it(postgres_schem
     assert "password" in str(excinfo.value)
 
 
-async def test_operations_need_an_open_store_and_close_is_idempotent(postgres_url: str):
-    store = PostgresStorage.from_url(postgres_url)
-    with pytest.raises(StorageUnavailable, match="not open"):
-        await store.get("x")
-    await store.open()
-    await store.open()  # opening twice is harmless
-    (task,) = await store.enqueue([new_task()])
-    await store.close()
-    await store.close()
-    with pytest.raises(StorageUnavailable, match="not open"):
-        await store.enqueue([new_task()])
-    await store.open()
-    assert await store.get(task.id) == task
-    await store.close()
-
-
 async def test_a_statement_timeout_is_reported_as_unavailable(postgres_url: str):
     store = PostgresStorage.from_url(postgres_url, statement_timeout=0.2)
     await store.open()

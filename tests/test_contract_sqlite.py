@@ -100,22 +100,6 @@ def test_bad_urls_and_options_are_invalid(url: str, options: dict, message: str)
         SQLiteStorage.from_url(url, **options)
 
 
-async def test_operations_need_an_open_store_and_close_is_idempotent(tmp_path: Path):
-    store = SQLiteStorage.from_url(url_of(tmp_path / "t.db"))
-    with pytest.raises(StorageUnavailable, match="not open"):
-        await store.get("x")
-    await store.open()
-    await store.open()  # opening twice is harmless
-    (task,) = await store.enqueue([new_task()])
-    await store.close()
-    await store.close()
-    with pytest.raises(StorageUnavailable, match="not open"):
-        await store.enqueue([new_task()])
-    await store.open()
-    assert await store.get(task.id) == task
-    await store.close()
-
-
 async def test_the_database_runs_in_wal_mode_with_integer_timestamps(store: SQLiteStorage):
     (task,) = await store.enqueue([new_task(run_at=utcnow() + timedelta(seconds=1))])
     with raw(store) as conn:

@@ -536,6 +536,7 @@ async def test_control_matches_the_reference_store(store: SQLiteStorage, seed: i
     order, and records the same events."""
     rng = random.Random(seed)
     memory = MemoryStorage()
+    await memory.open()
     stores: tuple[TaskStorage, TaskStorage] = (memory, store)
     _, mem_start = await memory.read_events(None)
     _, sql_start = await store.read_events(None)

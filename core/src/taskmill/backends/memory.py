@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Self
 
-from taskmill.errors import InvalidTransition, InvalidURL, TaskNotFound
+from taskmill.errors import InvalidTransition, InvalidURL, StorageUnavailable, TaskNotFound
 from taskmill.model import (
     NO_PROGRESS,
     Attempt,
@@ -67,6 +67,7 @@ class MemoryStorage(TaskStorage):
 
     def __init__(self, url: str = "memory://") -> None:
         self.url = url
+        self._open = False
         self._tasks: dict[str, Task] = {}
         self._seq: dict[str, int] = {}
         self._next_seq = 0
@@ -94,10 +95,15 @@ class MemoryStorage(TaskStorage):
         return cls(url)
 
     async def open(self, *, auto_migrate: bool = False) -> None:
-        return None
+        self._open = True
 
     async def close(self) -> None:
-        return None
+        # The tasks stay in this object: reopening it finds them again.
+        self._open = False
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise StorageUnavailable("this memory:// store is not open; call open() first")
 
     async def migrate(self) -> int:
         return 1
@@ -132,6 +138,7 @@ class MemoryStorage(TaskStorage):
     # -- writing -------------------------------------------------------------------
 
     async def enqueue(self, tasks: Sequence[NewTask]) -> list[Task]:
+        self._check_open()
         now_ts = wall_clock()
         now = from_timestamp(now_ts)
         stored: list[Task] = []
@@ -172,6 +179,7 @@ class MemoryStorage(TaskStorage):
         return stored
 
     async def claim_batch(self, request: ClaimRequest) -> list[Task]:
+        self._check_open()
         now_ts = wall_clock()
         self._promote_due(now_ts)
         now = from_timestamp(now_ts)
@@ -306,6 +314,7 @@ class MemoryStorage(TaskStorage):
         return task
 
     async def finish_batch(self, finishes: Sequence[Finish]) -> list[Task | None]:
+        self._check_open()
         now_ts = wall_clock()
         results: list[Task | None] = []
         for finish in finishes:
@@ -384,6 +393,7 @@ class MemoryStorage(TaskStorage):
     async def renew_leases(
         self, leases: Sequence[Lease], lease_seconds: float
     ) -> dict[str, CancelReason | None]:
+        self._check_open()
         now_ts = wall_clock()
         until = from_timestamp(now_ts + lease_seconds)
         held: dict[str, CancelReason | None] = {}
@@ -396,6 +406,7 @@ class MemoryStorage(TaskStorage):
         return held
 
     async def save_progress(self, updates: Sequence[ProgressUpdate]) -> set[str]:
+        self._check_open()
         now_ts = wall_clock()
         now = from_timestamp(now_ts)
         written: set[str] = set()
@@ -414,6 +425,7 @@ class MemoryStorage(TaskStorage):
         return written
 
     async def rescue_expired(self, *, limit: int = 1000) -> list[Task]:
+        self._check_open()
         now_ts = wall_clock()
         now = from_timestamp(now_ts)
         rescued: list[Task] = []
@@ -454,6 +466,7 @@ class MemoryStorage(TaskStorage):
         return rescued
 
     async def retry(self, task_id: str) -> Task:
+        self._check_open()
         task = self._tasks.get(task_id)
         if task is None:
             raise TaskNotFound(f"no task {task_id}")
@@ -496,6 +509,7 @@ class MemoryStorage(TaskStorage):
     # -- reading -------------------------------------------------------------------
 
     async def get(self, task_id: str) -> Task | None:
+        self._check_open()
         return self._tasks.get(task_id)
 
     def _select(self, filter: TaskFilter) -> Iterator[Task]:
@@ -509,10 +523,12 @@ class MemoryStorage(TaskStorage):
         offset: int = 0,
         newest_first: bool = False,
     ) -> list[Task]:
+        self._check_open()
         selected = sorted(self._select(filter), key=lambda t: self._seq[t.id], reverse=newest_first)
         return selected[offset : offset + limit]
 
     async def summary(self, filter: TaskFilter) -> ProgressSummary:
+        self._check_open()
         counts = dict.fromkeys(TaskStatus, 0)
         for task in self._select(filter):
             counts[task.status] += 1
@@ -526,12 +542,14 @@ class MemoryStorage(TaskStorage):
         )
 
     async def attempts(self, task_id: str) -> list[Attempt]:
+        self._check_open()
         return [
             Attempt(task_id, number, worker_id, started, finished, AttemptOutcome(outcome), error)
             for number, worker_id, started, finished, outcome, error in self._log.get(task_id, ())
         ]
 
     async def next_run_at(self, handlers: Sequence[HandlerKey]) -> datetime | None:
+        self._check_open()
         keys = set(handlers)
         best: datetime | None = None
         for task in self._tasks.values():
@@ -549,6 +567,7 @@ class MemoryStorage(TaskStorage):
         *,
         statuses: frozenset[TaskStatus] = frozenset({TaskStatus.COMPLETED, TaskStatus.CANCELLED}),
     ) -> int:
+        self._check_open()
         if any(s.active for s in statuses):
             raise ValueError("cleanup deletes terminal tasks only")
         cutoff = from_timestamp(wall_clock()) - older_than
@@ -574,6 +593,7 @@ class MemoryStorage(TaskStorage):
         reason: CancelReason = CancelReason.USER,
         cascade: bool = True,
     ) -> list[Task]:
+        self._check_open()
         if task_ids is None and filter is None:
             raise ValueError("cancel needs task_ids or a filter")
         now_ts = wall_clock()
@@ -625,6 +645,7 @@ class MemoryStorage(TaskStorage):
         return changed
 
     async def watch_leases(self, leases: Sequence[Lease]) -> dict[str, CancelReason | None]:
+        self._check_open()
         held: dict[str, CancelReason | None] = {}
         for lease in leases:
             task = self._held(lease)
@@ -633,6 +654,7 @@ class MemoryStorage(TaskStorage):
         return held
 
     async def suspend(self, scope: SuspensionScope) -> int:
+        self._check_open()
         self._suspended.add(scope)
         running = [
             self._tasks[task_id]
@@ -645,17 +667,20 @@ class MemoryStorage(TaskStorage):
         return len(changed)
 
     async def resume(self, scope: SuspensionScope) -> bool:
+        self._check_open()
         if scope not in self._suspended:
             return False
         self._suspended.discard(scope)
         return True
 
     async def suspensions(self) -> list[SuspensionScope]:
+        self._check_open()
         return sorted(self._suspended, key=lambda s: (s.task_type or "", s.app_id or ""))
 
     async def read_events(
         self, after: int | None, *, limit: int = 1000
     ) -> tuple[list[TaskEvent], int]:
+        self._check_open()
         if after is None:
             return [], self._event_seq
         rows = self._events
@@ -678,6 +703,7 @@ class MemoryStorage(TaskStorage):
         return events, cursor
 
     async def prune_events(self, older_than: timedelta) -> int:
+        self._check_open()
         cutoff = wall_clock() - older_than.total_seconds()
         keep = 0
         while keep < len(self._events) and self._events[keep][4] < cutoff:

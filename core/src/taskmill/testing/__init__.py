@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from taskmill.errors import InvalidTransition, TaskNotFound
+from taskmill.errors import InvalidTransition, StorageUnavailable, TaskNotFound
 from taskmill.model import (
     AttemptOutcome,
     Priority,
@@ -100,6 +100,20 @@ class StorageContract(ControlContract, ReferenceContract):
         assert task.dedupe_key == "k"
         assert abs((task.run_at - when).total_seconds()) < 0.001
         assert task.run_at.utcoffset() == timedelta(0)
+
+    async def test_a_closed_store_refuses_operations_and_close_is_idempotent(
+        self, storage: TaskStorage
+    ) -> None:
+        (task,) = await storage.enqueue([new_task()])
+        await storage.close()
+        await storage.close()
+        with pytest.raises(StorageUnavailable, match="not open"):
+            await storage.get(task.id)
+        with pytest.raises(StorageUnavailable, match="not open"):
+            await storage.enqueue([new_task()])
+        await storage.open()
+        await storage.open()  # opening twice is harmless
+        assert await storage.get(task.id) == task
 
     async def test_get_unknown_id_is_none(self, storage: TaskStorage) -> None:
         assert await storage.get(str(uuid.uuid4())) is None
