@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +44,7 @@ from taskmill.storage import (
     StoreChange,
     utcnow,
 )
+from taskmill.waiting import cancel_and_wait, wait_event, within
 
 if TYPE_CHECKING:
     from taskmill.app import Taskmill
@@ -53,6 +54,10 @@ log = logging.getLogger("taskmill.worker")
 _NULL = dumps(None)
 _HIGH_PRIORITY = int(Priority.USER_ACTION)  # an int compares faster than the enum member
 _FAILURES = frozenset({FinishKind.RETRY, FinishKind.FAIL})
+MAX_FINISH_BATCH = 500
+"""The most outcomes one write carries; a backlog is written in several."""
+SLOW_WRITE_SECONDS = 2.0
+"""A write of outcomes that takes this long is logged: the store is slowing the worker."""
 
 
 @attrs.define(eq=False)
@@ -67,10 +72,6 @@ class _Execution:
     future: asyncio.Future[None] | None = None
     abandoned: bool = False
     """True once its outcome must not be written (lease lost, or given up at shutdown)."""
-
-
-def _remove_signal_handler(loop: asyncio.AbstractEventLoop, sig: signal.Signals) -> None:
-    loop.remove_signal_handler(sig)
 
 
 def _cancel_soon(future: asyncio.Future[None]) -> None:
@@ -125,7 +126,7 @@ class Worker:
         taskmill: Taskmill,
         *,
         concurrency: int = 10,
-        reserved_high_priority_slots: int = 1,
+        reserved_high_priority_slots: int | None = None,
         worker_id: str | None = None,
         lease_seconds: float = 30.0,
         poll_interval: float = 1.0,
@@ -140,18 +141,37 @@ class Worker:
         event_retention: timedelta = timedelta(minutes=2),
         cleanup_older_than: timedelta | None = None,
         cleanup_interval: float = 300.0,
+        task_types: Collection[str] | None = None,
+        app_ids: Collection[str | None] | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-        if reserved_high_priority_slots < 0:
-            raise ValueError("reserved_high_priority_slots must be >= 0")
+        if reserved_high_priority_slots is None:
+            # One slot kept for urgent work, except in a one-slot worker: reserving its
+            # only slot would leave nothing for normal tasks.
+            reserved_high_priority_slots = 1 if concurrency > 1 else 0
+        elif reserved_high_priority_slots < 0:
+            raise ValueError(
+                f"reserved_high_priority_slots must be >= 0, got {reserved_high_priority_slots}"
+            )
+        elif reserved_high_priority_slots >= concurrency:
+            raise ValueError(
+                f"reserved_high_priority_slots={reserved_high_priority_slots} leaves no slot "
+                f"for normal-priority tasks with concurrency={concurrency}: reserve at most "
+                f"{concurrency - 1}, or raise the concurrency"
+            )
         if lease_seconds <= 0:
             raise ValueError("lease_seconds must be > 0")
         self._tm = taskmill
         self.worker_id = worker_id or default_worker_id()
         self.concurrency = concurrency
-        # A worker with one slot keeps it general: reserving it would starve normal work.
-        self.reserved_high_priority_slots = min(reserved_high_priority_slots, concurrency - 1)
+        self.reserved_high_priority_slots = reserved_high_priority_slots
+        self.task_types: frozenset[str] | None = (
+            None if task_types is None else frozenset(task_types)
+        )
+        """Only these task types are claimed (None: every type with a handler)."""
+        self.app_ids: frozenset[str | None] | None = None if app_ids is None else frozenset(app_ids)
+        """Only tasks of these apps are claimed (None for the host's own; None: all)."""
         self.lease_seconds = lease_seconds
         self.poll_interval = max(poll_interval, min_poll_interval)
         self.min_poll_interval = min_poll_interval
@@ -173,6 +193,10 @@ class Worker:
         # Each outcome waits with the claimed snapshot only, so the execution behind it
         # (context, future, lease) is freed as soon as its handler returns.
         self._finishes: list[tuple[Finish, Task | None]] = []
+        # The batch being written now: its tasks are still held (RUNNING in the store),
+        # so they count against ``concurrency`` and their leases are renewed.
+        self._in_flight: list[tuple[Finish, Task | None]] = []
+        self._slow_store_since: float | None = None
         self._finish_ready: asyncio.Event | None = None
         self._flushed: asyncio.Event | None = None
         self._flushing = False
@@ -187,6 +211,11 @@ class Worker:
         self._listener: ChangeListener | None = None
         self._check_leases_now = asyncio.Event()
         self._signals = 0
+        self._force_exit: threading.Timer | None = None
+        self.stop_signal: signal.Signals | None = None
+        """The signal that stopped the worker (None: stopped by :meth:`stop` or idle)."""
+        self.forced = False
+        """True when a second signal cut the grace period short."""
         self.processed = 0
         """Attempts this worker finished (any outcome)."""
 
@@ -201,6 +230,12 @@ class Worker:
     def running(self) -> int:
         """Handlers running now."""
         return len(self._running)
+
+    @property
+    def held(self) -> int:
+        """Tasks this worker holds in the store: running handlers plus outcomes not yet
+        written. Never more than ``concurrency``: claims wait for the writes."""
+        return len(self._running) + len(self._finishes) + len(self._in_flight)
 
     async def run(self) -> None:
         """Claim and run tasks until :meth:`stop` is called or SIGTERM/SIGINT arrives.
@@ -238,9 +273,7 @@ class Worker:
             await self._flush_all()
             return claimed
         finally:
-            for duty in duties:
-                duty.cancel()
-            await asyncio.gather(*duties, return_exceptions=True)
+            await cancel_and_wait(duties)
             self._release_resources()
 
     async def stop(self, grace: float | None = None) -> None:
@@ -282,6 +315,9 @@ class Worker:
         self._active = True
         self._stopping = False
         self._grace = None
+        self._signals = 0
+        self.stop_signal = None
+        self.forced = False
         self._tm._attach_worker(self)
         removers = self._install_signal_handlers()
         self._background = [
@@ -305,6 +341,9 @@ class Worker:
             finally:
                 for remove in removers:
                     remove()
+                if self._force_exit is not None:
+                    self._force_exit.cancel()
+                    self._force_exit = None
                 self._tm._detach_worker(self)
                 self._active = False
                 self._stopped.set()
@@ -322,7 +361,7 @@ class Worker:
                 poll = min(self.poll_interval, poll * 2)
             if claimed:
                 poll = self.min_poll_interval
-            has_free = len(self._running) < self.concurrency
+            has_free = self.held < self.concurrency
             if claimed and has_free and not drained:
                 continue  # a full batch came back: there may be more
             timeout: float | None = poll if has_free else None
@@ -348,13 +387,22 @@ class Worker:
                 if due_in is None or due_in > self.idle_horizon:
                     return
                 timeout = max(self.min_poll_interval, min(due_in, self.poll_interval))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+            if await wait_event(self._wake, timeout):
                 continue
             poll = min(self.poll_interval, poll * 2)
 
+    def served_handlers(self) -> list[Handler]:
+        """The handlers this worker claims for: the registry's, narrowed by
+        ``task_types`` and ``app_ids``."""
+        return [
+            h
+            for h in self._tm.registry
+            if (self.task_types is None or h.task_type in self.task_types)
+            and (self.app_ids is None or h.app_id in self.app_ids)
+        ]
+
     async def _seconds_until_due(self) -> float | None:
-        keys = [h.key for h in self._tm.registry]
+        keys = [h.key for h in self.served_handlers()]
         if not keys:
             return None
         due = await self._tm.storage.next_run_at(keys)
@@ -364,8 +412,13 @@ class Worker:
 
     def _claim_handlers(self) -> dict[HandlerKey, int | None]:
         handlers: dict[HandlerKey, int | None] = {}
+        served = {h.key for h in self.served_handlers()}
         for handler in self._tm.registry:
-            if handler.concurrency is None:
+            if handler.key not in served:
+                # Filtered out, but kept in the request with room 0, like a full handler:
+                # left out, its app's tasks would be claimed through the host's key.
+                handlers[handler.key] = 0
+            elif handler.concurrency is None:
                 handlers[handler.key] = None
             else:
                 # A full handler stays in the request with room 0: left out, its app's
@@ -382,7 +435,9 @@ class Worker:
         general = self.concurrency - self.reserved_high_priority_slots
         claimed = 0
         for min_priority in (None, _HIGH_PRIORITY):
-            free = self.concurrency - len(self._running)
+            # A slot is free once its outcome is written, not when its handler returns:
+            # a slow store then slows claiming down instead of piling up RUNNING tasks.
+            free = self.concurrency - self.held
             if min_priority is None:
                 free = min(free, general - self._running_normal)
             if free <= 0:
@@ -475,7 +530,7 @@ class Worker:
         if handler.timeout is None:
             return await future
         try:
-            return await asyncio.wait_for(future, handler.timeout)
+            return await within(future, handler.timeout)
         except TimeoutError:
             ctx._expire()  # the thread cannot be killed: tell it to stop
             raise
@@ -589,11 +644,15 @@ class Worker:
         assert self._flushed is not None
         delay = 0.05
         while self._finishes:
-            batch, self._finishes = self._finishes, []
+            batch = self._finishes[:MAX_FINISH_BATCH]
+            del self._finishes[:MAX_FINISH_BATCH]
+            self._in_flight = batch
             self._flushing = True
+            began = time.monotonic()
             try:
                 results = await self._tm.storage.finish_batch([f for f, _ in batch])
             except Exception:
+                self._in_flight = []
                 self._flushing = False
                 if self._flush_deadline is not None and time.monotonic() > self._flush_deadline:
                     log.exception(
@@ -607,6 +666,8 @@ class Worker:
                 await asyncio.sleep(delay)
                 delay = min(5.0, delay * 2)
                 continue
+            self._in_flight = []
+            self._note_write_time(time.monotonic() - began, len(batch))
             self.processed += len(batch)
             for (finish, claimed), stored in zip(batch, results, strict=True):
                 if stored is None:
@@ -628,6 +689,27 @@ class Worker:
         if self._wake is not None:
             self._wake.set()
 
+    def _note_write_time(self, seconds: float, count: int) -> None:
+        """Say so in the log when the store is slow to take outcomes (claims wait)."""
+        now = time.monotonic()
+        if seconds >= SLOW_WRITE_SECONDS:
+            if self._slow_store_since is None:
+                self._slow_store_since = now - seconds
+                log.warning(
+                    "the store took %.1f s to write %d outcomes; claiming waits for the "
+                    "writes (%d of %d slots hold unwritten outcomes)",
+                    seconds,
+                    count,
+                    len(self._finishes) + count,
+                    self.concurrency,
+                )
+        elif self._slow_store_since is not None and not self._finishes:
+            log.warning(
+                "the store caught up after %.1f s; claiming at full speed again",
+                now - self._slow_store_since,
+            )
+            self._slow_store_since = None
+
     async def _flush_all(self) -> None:
         """Write every queued outcome (waiting for an in-flight write too)."""
         assert self._flushed is not None
@@ -645,6 +727,7 @@ class Worker:
     def _held_leases(self) -> list[Lease]:
         leases = [e.lease for e in self._running.values() if not e.abandoned]
         leases.extend(f.lease for f, _ in self._finishes)
+        leases.extend(f.lease for f, _ in self._in_flight)
         return leases
 
     async def _renew_leases_loop(self) -> None:
@@ -690,8 +773,7 @@ class Worker:
         """Learn of cancellations and suspensions of running tasks within
         ``cancel_check_interval``, whichever process asked for them."""
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._check_leases_now.wait(), self.cancel_check_interval)
+            await wait_event(self._check_leases_now, self.cancel_check_interval)
             self._check_leases_now.clear()
             leases = [e.lease for e in self._running.values() if not e.abandoned]
             if not leases:
@@ -769,6 +851,12 @@ class Worker:
 
     async def _rescue_once(self) -> int:
         self._last_rescue = time.monotonic()
+        # Renew first: after a stall longer than a lease, this worker's own leases have
+        # expired too, and it must not rescue a task whose outcome it is still writing.
+        leases = self._held_leases()
+        if leases:
+            held = await self._tm.storage.renew_leases(leases, self.lease_seconds)
+            await self._apply_lease_state(leases, held)
         rescued = await self._tm.storage.rescue_expired()
         if rescued:
             log.warning(
@@ -817,7 +905,8 @@ class Worker:
             )
             waiting = [e.future for e in leftover if e.future is not None and e.handler.is_async]
             if waiting:
-                await asyncio.wait(waiting, timeout=1.0)
+                # A forced stop has about a second in all: give handlers less of it.
+                await asyncio.wait(waiting, timeout=0.2 if self.forced else 1.0)
             for execution in list(self._running.values()):
                 # A thread cannot be killed: give its task back and ignore its outcome.
                 execution.abandoned = True
@@ -835,17 +924,28 @@ class Worker:
                 self._free_slot(execution)
         # Outcomes that cannot be written (database down) are retried for a while, then
         # left to lease expiry: stop() must return.
-        self._flush_deadline = time.monotonic() + min(30.0, max(5.0, self._current_grace()))
+        flush_for = min(30.0, max(5.0, self._current_grace()))
+        self._flush_deadline = time.monotonic() + flush_for
         try:
-            await self._flush_all()
+            # Bounded even when a write hangs (a lock held elsewhere), not only when it
+            # fails: the deadline above covers failures, this covers silence.
+            await within(self._flush_all(), flush_for + 1.0)
+        except TimeoutError:
+            log.error(
+                "stopping: the store did not answer within %.0f s; %d outcomes are not "
+                "written and their tasks run again once their leases expire",
+                flush_for + 1.0,
+                len(self._finishes) + len(self._in_flight),
+            )
         finally:
-            for duty in self._background:
-                duty.cancel()
-            await asyncio.gather(*self._background, return_exceptions=True)
+            await cancel_and_wait(self._background)
             self._background = []
             if self._listener is not None:
-                await self._listener.close()
-                self._listener = None
+                listener, self._listener = self._listener, None
+                try:
+                    await within(listener.close(), 5.0)
+                except Exception:
+                    log.exception("closing the store's change listener failed")
             self._release_resources()
             await self._tm._worker_stopped(self)
 
@@ -853,26 +953,88 @@ class Worker:
         return self.shutdown_grace if self._grace is None else self._grace
 
     def _install_signal_handlers(self) -> list[Callable[[], None]]:
+        """Take SIGTERM and SIGINT, unless the host process manages them itself.
+
+        A signal is free when its handler is the default (or ``asyncio.run``'s own
+        Ctrl-C handler, which a plain asyncio program did not choose). A host that
+        installed its own handler (uvicorn, Django, ``loop.add_signal_handler``) keeps
+        it and stops the worker from its own shutdown path. The previous handler is put
+        back when the worker stops.
+        """
         if not self.handle_signals or threading.current_thread() is not threading.main_thread():
             return []
         loop = asyncio.get_running_loop()
         removers: list[Callable[[], None]] = []
         for sig in (signal.SIGTERM, signal.SIGINT):
+            previous = signal.getsignal(sig)
+            if not _signal_is_free(previous):
+                log.debug("%s is handled by the host process; not taking it", sig.name)
+                continue
             try:
                 loop.add_signal_handler(sig, self._on_signal, sig)
             except (NotImplementedError, RuntimeError):  # pragma: no cover - non-Unix
                 continue
-            removers.append(functools.partial(_remove_signal_handler, loop, sig))
+            removers.append(functools.partial(_restore_signal_handler, loop, sig, previous))
         return removers
 
     def _on_signal(self, sig: signal.Signals) -> None:
         self._signals += 1
-        grace = None if self._signals == 1 else 0.0
-        log.warning(
-            "%s received: %s", sig.name, "stopping gracefully" if grace is None else "stopping now"
-        )
+        if self.stop_signal is None:
+            self.stop_signal = sig
+        if self._signals == 1:
+            log.warning(
+                "%s received: stopping gracefully (running tasks get %.1f s; a second "
+                "signal stops at once)",
+                sig.name,
+                self._current_grace(),
+            )
+        else:
+            log.warning("%s received again: stopping now", sig.name)
+            self.forced = True
+            self._grace = 0.0
+            if self._force_exit is None:
+                # Whatever the worker is doing (a store that does not answer, a stuck
+                # handler), the process ends about a second after the second signal.
+                # What it held is rescued once its leases expire.
+                self._force_exit = threading.Timer(
+                    _FORCED_EXIT_AFTER, _exit_now, (self.worker_id, sig)
+                )
+                self._force_exit.daemon = True
+                self._force_exit.start()
         self._stopping = True
-        if grace is not None:
-            self._grace = grace
         if self._wake is not None:
             self._wake.set()
+
+
+_FORCED_EXIT_AFTER = 1.0
+
+
+def _signal_is_free(handler: object) -> bool:
+    """Whether a signal whose Python-level handler is ``handler`` belongs to nobody."""
+    if handler in (signal.SIG_DFL, signal.default_int_handler):
+        return True
+    # asyncio.run()'s SIGINT handler (a bound Runner.on_sigint in a partial) is the
+    # default Ctrl-C behaviour of a plain asyncio program, not a host's choice.
+    owner = getattr(getattr(handler, "func", None), "__self__", None)
+    return isinstance(owner, asyncio.Runner)
+
+
+def _restore_signal_handler(
+    loop: asyncio.AbstractEventLoop, sig: signal.Signals, previous: object
+) -> None:
+    loop.remove_signal_handler(sig)
+    with contextlib.suppress(TypeError, ValueError, OSError):
+        signal.signal(sig, previous)  # type: ignore[arg-type]
+
+
+def _exit_now(worker_id: str, sig: signal.Signals) -> None:
+    """End the process at once (from a timer thread): the second signal's promise."""
+    log.error(
+        "worker %s did not stop within %.1f s of a second %s: exiting now; the tasks it "
+        "held run again once their leases expire",
+        worker_id,
+        _FORCED_EXIT_AFTER,
+        sig.name,
+    )
+    logging.shutdown()
+    os._exit(128 + int(sig))
