@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import os
 import sys
 import time
@@ -109,4 +110,5 @@ async def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    faulthandler.enable()  # a test that gives up on this process sends SIGABRT: stacks
     asyncio.run(main(sys.argv[1:]))
