@@ -54,6 +54,10 @@ class HandlerConflict(TaskmillError):
     """Two handlers were registered for the same (app_id, task_type)."""
 
 
+class InvalidHandler(TaskmillError, TypeError):
+    """A handler must be a callable taking ``(ctx, params)``."""
+
+
 class PluginError(TaskmillError):
     """A taskmill plugin could not be loaded.
 

@@ -289,7 +289,8 @@ class SubprocessHandler(ProxyHandler[SubprocessRun]):
             if process.returncode is None:
                 _signal_group(process, signal.SIGTERM)
                 try:
-                    await asyncio.wait_for(process.wait(), grace)
+                    async with asyncio.timeout(grace):
+                        await process.wait()
                 except TimeoutError:
                     log.warning(
                         "%s (pid %d) ignored SIGTERM for %.1f s; killing it",

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import attrs
 
-from taskmill.errors import HandlerConflict
+from taskmill.errors import HandlerConflict, InvalidHandler
 from taskmill.model import JSON
 from taskmill.storage import HandlerKey
 
@@ -66,6 +66,34 @@ def _check_options(
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
 
 
+def _check_signature(task_type: str, handler: object) -> None:
+    """Refuse a handler that cannot be called as ``handler(ctx, params)``: found at
+    registration, not as a TypeError in every attempt."""
+    if not callable(handler):
+        raise InvalidHandler(
+            f"the handler for {task_type!r} must be a function taking (ctx, params), "
+            f"got {type(handler).__name__} {handler!r}"
+        )
+    try:
+        signature = inspect.signature(handler)
+    except (TypeError, ValueError):  # a builtin or C callable without a signature
+        return
+    try:
+        signature.bind(None, {})
+    except TypeError:
+        name = getattr(handler, "__name__", None) or type(handler).__name__
+        raise InvalidHandler(
+            f"the handler for {task_type!r} must take two arguments, (ctx, params), "
+            f"but {name} is declared as {name}{_plain(signature)}; declare it as "
+            f"`async def {name}(ctx: Context, params: dict)` (or a plain def)"
+        ) from None
+
+
+def _plain(signature: inspect.Signature) -> str:
+    """A signature as written in source (postponed annotations are strings)."""
+    return str(signature).replace("'", "")
+
+
 class HandlerRegistry:
     """Handlers by ``(app_id, task_type)``; lookups fall back to the host's handler.
 
@@ -90,11 +118,11 @@ class HandlerRegistry:
         """Register ``handler`` for ``(app_id, task_type)`` and return its record.
 
         :raises HandlerConflict: that key already has a handler.
+        :raises InvalidHandler: ``handler`` cannot be called as ``handler(ctx, params)``.
         :raises ValueError: an option is out of range.
         """
         _check_options(task_type, max_retries, timeout, concurrency)
-        if not callable(handler):
-            raise TypeError(f"handler for {task_type!r} must be callable")
+        _check_signature(task_type, handler)
         record = Handler(
             task_type=task_type,
             func=handler,

@@ -54,6 +54,7 @@ log = logging.getLogger("taskmill.worker")
 _NULL = dumps(None)
 _HIGH_PRIORITY = int(Priority.USER_ACTION)  # an int compares faster than the enum member
 _FAILURES = frozenset({FinishKind.RETRY, FinishKind.FAIL})
+_FAILED_OUTCOMES = frozenset({AttemptOutcome.FAILED, AttemptOutcome.TIMED_OUT})
 MAX_FINISH_BATCH = 500
 """The most outcomes one write carries; a backlog is written in several."""
 SLOW_WRITE_SECONDS = 2.0
@@ -107,6 +108,33 @@ def _run_in_thread(loop: asyncio.AbstractEventLoop, call: Callable[[], Any]) -> 
 
     threading.Thread(target=target, name="taskmill-handler", daemon=True).start()
     return future
+
+
+def _log_failed_attempt(
+    task: Task,
+    outcome: AttemptOutcome,
+    kind: FinishKind,
+    error: str | None,
+    retry_delay: float | None,
+    failure: BaseException | None,
+) -> None:
+    """One log line per failed attempt, whatever failed it (an exception, a timeout, a
+    result that is not JSON, ``Retry`` or ``Fail``), saying what happens next."""
+    if kind is FinishKind.RETRY:
+        next_step = f"retrying in {retry_delay or 0.0:.1f} s"
+    else:
+        next_step = "not retrying: the task is FAILED (dead letter; `taskmill retry` redrives it)"
+    log.warning(
+        "task %s (%s) attempt %d of %d %s: %s; %s",
+        task.id,
+        task.task_type,
+        task.attempts,
+        task.max_retries + 1,
+        "timed out" if outcome is AttemptOutcome.TIMED_OUT else "failed",
+        error,
+        next_step,
+        exc_info=failure,
+    )
 
 
 def default_worker_id() -> str:
@@ -541,6 +569,7 @@ class Worker:
         result_json: str | None = None
         error: str | None = None
         retry_delay: float | None = None
+        failure: BaseException | None = None
         try:
             plugins = self._tm.plugins
             if plugins.intercepts_handlers:  # started hooks, handler contexts
@@ -586,15 +615,9 @@ class Worker:
             kind, outcome = FinishKind.RETRY, AttemptOutcome.TIMED_OUT
             error = f"timed out after {timeout} s" if timeout else f"TimeoutError: {exc}"
         except Exception as exc:
-            log.warning(
-                "task %s (%s) attempt %d failed",
-                task.id,
-                task.task_type,
-                task.attempts,
-                exc_info=True,
-            )
             kind, outcome = FinishKind.RETRY, AttemptOutcome.FAILED
             error = f"{type(exc).__name__}: {exc}"
+            failure = exc
         interrupted = ctx.cancel_reason
         if interrupted is not None and not interrupted.terminal and kind in _FAILURES:
             # A handler that turned SHUTDOWN/SUSPENDED into another error is still
@@ -606,6 +629,8 @@ class Worker:
                 error = f"{error} (gave up after {task.attempts} attempts)"
             elif retry_delay is None:
                 retry_delay = self.retry_policy.delay(task.attempts)
+        if outcome in _FAILED_OUTCOMES:
+            _log_failed_attempt(task, outcome, kind, error, retry_delay, failure)
         progress, data = ctx._final_state()
         finish = Finish(
             lease=execution.lease,

@@ -131,7 +131,8 @@ class PostgresChangeListener(ChangeListener):
         conn, self._conn = self._conn, None
         if conn is not None and not conn.is_closed():
             try:
-                await asyncio.wait_for(conn.close(), 5)
+                async with asyncio.timeout(5):
+                    await conn.close()
             except _ERRORS:
                 conn.terminate()
 
@@ -189,17 +190,18 @@ class PostgresChangeListener(ChangeListener):
         if conn is None or conn.is_closed():
             return False
         try:
-            async with self._subscribing:
-                await asyncio.wait_for(conn.fetchval("SELECT 1"), self.ping_interval)
+            async with self._subscribing, asyncio.timeout(self.ping_interval):
+                await conn.fetchval("SELECT 1")
         except _ERRORS:
             return False
         return True
 
     async def _supervise(self) -> None:
         """Watch the connection; after a loss, reconnect with backoff and report."""
-        while True:
+        while not self.closed:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._lost.wait(), self.ping_interval)
+                async with asyncio.timeout(self.ping_interval):
+                    await self._lost.wait()
             if self.closed:
                 return
             if not self._lost.is_set() and await self._alive():

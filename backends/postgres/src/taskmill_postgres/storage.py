@@ -323,7 +323,8 @@ class PostgresStorage(TaskStorage):
         if pool is None:
             return
         try:
-            await asyncio.wait_for(pool.close(), 10)
+            async with asyncio.timeout(10):
+                await pool.close()
         except (*_UNAVAILABLE, asyncpg.PostgresError):
             pool.terminate()
 
@@ -347,7 +348,8 @@ class PostgresStorage(TaskStorage):
             raise self._unavailable(exc, "migrate") from exc
         finally:
             try:
-                await asyncio.wait_for(conn.close(), 5)
+                async with asyncio.timeout(5):
+                    await conn.close()
             except (*_UNAVAILABLE, asyncpg.PostgresError):
                 conn.terminate()
 

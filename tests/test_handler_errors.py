@@ -1,0 +1,123 @@
+"""What a handler author sees when a handler is wrong or an attempt fails: a wrong
+signature is refused at registration, and every failed attempt is logged the same way."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from typing import Any
+
+import pytest
+from taskmill import Context, Fail, InvalidHandler, Retry, Taskmill, TaskStatus
+
+
+def test_a_handler_without_ctx_is_refused_at_registration_with_the_signature_to_use() -> None:
+    tm = Taskmill("memory://", plugins=False)
+    with pytest.raises(InvalidHandler) as caught:
+
+        @tm.handler("resize")
+        async def resize(params: dict[str, Any]) -> None: ...
+
+    message = str(caught.value)
+    assert "(ctx, params)" in message
+    assert "resize(params: dict[str, Any])" in message
+    assert "async def resize(ctx: Context, params: dict)" in message
+    assert tm.registry.lookup(None, "resize") is None
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda: None,
+        lambda ctx, params, extra: None,
+        lambda *, ctx, params: None,
+    ],
+    ids=["no-arguments", "a-third-required-argument", "keyword-only"],
+)
+def test_any_handler_that_cannot_be_called_with_ctx_and_params_is_refused(bad: Any) -> None:
+    tm = Taskmill("memory://", plugins=False)
+    with pytest.raises(InvalidHandler, match="must take two arguments"):
+        tm.register("t", bad)
+
+
+def test_a_non_callable_handler_is_refused() -> None:
+    tm = Taskmill("memory://", plugins=False)
+    with pytest.raises(InvalidHandler, match="must be a function"):
+        tm.register("t", "not a function")  # type: ignore[arg-type]
+
+
+def test_handlers_that_take_ctx_and_params_in_any_form_are_accepted() -> None:
+    class Callable_:
+        async def __call__(self, ctx: Context, params: dict[str, Any]) -> None: ...
+
+    def with_options(ctx: Context, params: dict[str, Any], scale: int = 2) -> None: ...
+
+    def bound(prefix: str, ctx: Context, params: dict[str, Any]) -> None: ...
+
+    tm = Taskmill("memory://", plugins=False)
+    tm.register("object", Callable_())
+    tm.register("defaults", with_options)
+    tm.register("varargs", lambda *args: None)
+    tm.register("partial", functools.partial(bound, "x"))
+    assert len(tm.registry) == 4
+
+
+async def _one_failed_attempt(
+    caplog: pytest.LogCaptureFixture, handler: Any, *, timeout: float | None = None
+) -> tuple[list[logging.LogRecord], TaskStatus]:
+    async with Taskmill("memory://", plugins=False) as tm:
+        tm.register("job", handler, max_retries=0, timeout=timeout)
+        task = await tm.enqueue("job")
+        with caplog.at_level(logging.WARNING, logger="taskmill.worker"):
+            await tm.run_worker(until_idle=True, handle_signals=False)
+        final = await tm.get(task.id)
+    assert final is not None
+    records = [r for r in caplog.records if r.name == "taskmill.worker" and task.id in r.message]
+    return records, final.status
+
+
+async def _raises(ctx: Context, params: dict[str, Any]) -> None:
+    raise ValueError("boom")
+
+
+async def _sleeps(ctx: Context, params: dict[str, Any]) -> None:
+    await asyncio.sleep(30)
+
+
+async def _not_json(ctx: Context, params: dict[str, Any]) -> object:
+    return {"when": object()}
+
+
+async def _asks_retry(ctx: Context, params: dict[str, Any]) -> None:
+    raise Retry(message="upstream busy")
+
+
+async def _fails(ctx: Context, params: dict[str, Any]) -> None:
+    raise Fail("bad input")
+
+
+@pytest.mark.parametrize(
+    ("handler", "timeout", "what"),
+    [
+        (_raises, None, "ValueError: boom"),
+        (_sleeps, 0.05, "timed out after 0.05 s"),
+        (_not_json, None, "not JSON-serializable"),
+        (_asks_retry, None, "upstream busy"),
+        (_fails, None, "bad input"),
+    ],
+    ids=["exception", "timeout", "non-json-result", "retry", "fail"],
+)
+async def test_every_failed_attempt_is_logged_once_with_its_error_and_what_happens_next(
+    caplog: pytest.LogCaptureFixture, handler: Any, timeout: float | None, what: str
+) -> None:
+    records, status = await _one_failed_attempt(caplog, handler, timeout=timeout)
+    assert status is TaskStatus.FAILED
+    assert len(records) == 1, [r.message for r in records]
+    record = records[0]
+    assert record.levelno == logging.WARNING
+    assert "attempt 1 of 1" in record.message
+    assert what in record.message
+    assert "not retrying" in record.message
+    # A traceback goes with an exception, not with a timeout or a deliberate Fail.
+    assert (record.exc_info is not None) == (handler is _raises)
