@@ -115,6 +115,7 @@ def _spec(task_type: str, **params: Any) -> dict[str, Any]:
     return {"task_type": task_type, "params": params}
 
 
+@pytest.mark.timeout(900)  # 50 worker processes, one after the other
 async def test_a_worker_always_stops_within_grace_with_every_task_accounted_for(
     tm: Taskmill, store_url: str, tmp_path: Path, workers: list[Worker]
 ) -> None:
