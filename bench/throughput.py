@@ -168,6 +168,10 @@ async def run_once(
             )
         async with tm:
             summary = await tm.progress_summary(TaskFilter(task_types=(task_type,)))
+            # Every task ran in one attempt unless a lease was lost (rescued, run again):
+            # the flow-control check of issue 14.
+            ran = await tm.query(TaskFilter(task_types=(task_type,)), limit=tasks + 1)
+            extra_attempts = sum(t.attempts for t in ran) - len(ran)
             if url is not None:  # a shared store: leave it as we found it
                 await tm.cleanup(timedelta(0))
     if summary.completed != tasks or processed != tasks:
@@ -180,6 +184,7 @@ async def run_once(
         "enqueue_per_s": tasks / enqueue_seconds,
         "process_seconds": process_seconds,
         "process_per_s": tasks / process_seconds,
+        "extra_attempts": extra_attempts,
     }
 
 
@@ -386,7 +391,8 @@ async def bench_backend(
             print(
                 f"{label:>10}  concurrency {concurrency:>4}  run {number}/{args.repeat}: "
                 f"enqueue {run['enqueue_per_s']:>9,.0f}/s  "
-                f"processed {run['process_per_s']:>9,.0f}/s",
+                f"processed {run['process_per_s']:>9,.0f}/s  "
+                f"extra attempts {run['extra_attempts']}",
                 flush=True,
             )
         figures.append(
