@@ -1,6 +1,10 @@
 """Shared fixtures: the backends every API-level test runs against, and the servers the
 server backends need.
 
+A test that restarts or kills a server it did not start is marked
+``restarts_server(VARIABLE)`` and runs only when ``$VARIABLE`` holds the command to use
+(``.ci/run`` sets ``TASKMILL_TEST_POSTGRES_RESTART``).
+
 PostgreSQL tests use ``$TASKMILL_TEST_POSTGRES_URL`` (default
 ``postgresql://taskmill:taskmill@127.0.0.1:5432/taskmill``); each test gets a fresh
 schema of its own, dropped afterwards. A server that cannot be reached skips those tests,
@@ -24,6 +28,9 @@ from taskmill import Taskmill
 
 T = TypeVar("T")
 
+# A test past its timeout fails with a stack dump and the run goes on (tests/timeouts.py).
+pytest_plugins = ["tests.timeouts"]
+
 API_BACKENDS = ["memory", "sqlite", "postgres"]
 
 POSTGRES_URL = os.environ.get(
@@ -42,6 +49,20 @@ def skip_or_fail(backend: str, reason: str) -> None:
     if backend in required_backends():
         pytest.fail(f"{reason} (required by TASKMILL_REQUIRE_BACKENDS)", pytrace=False)
     pytest.skip(reason)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked ``restarts_server(VARIABLE)`` restarts or kills a server it did not
+    start: it runs only when ``$VARIABLE`` (the command it uses) is set, so that a plain
+    run never harms the machine or another run that uses the same server."""
+    for mark in item.iter_markers("restarts_server"):
+        (variable,) = mark.args
+        if not os.environ.get(variable):
+            pytest.skip(
+                f"restarts a server this run did not start: set {variable} to the "
+                "restart command to run it"
+            )
 
 
 def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:

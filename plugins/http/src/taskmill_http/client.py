@@ -1,0 +1,327 @@
+"""``Client``: the task operations of ``tm.for_app(...)``, over HTTP, on httpx.
+
+The methods take the arguments of ``tm.for_app(app_id)``'s, return the same taskmill
+models and raise the same taskmill exceptions (``TaskNotFound``, ``InvalidParams``,
+``InvalidTaskSpec``, ``InvalidTransition``, ``StorageUnavailable``, ``WaitTimeout``),
+mapped from the service's error codes. The app is the token's: it is never sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import Any
+
+import httpx
+from taskmill.errors import StorageUnavailable, TaskmillError, TaskNotFound, WaitTimeout
+from taskmill.model import (
+    Attempt,
+    CancelReason,
+    Priority,
+    ProgressSummary,
+    SuspensionScope,
+    Task,
+    TaskFilter,
+    TaskSpec,
+)
+from taskmill.serialization import converter, dumps, loads
+
+from taskmill_http.errors import CODE_EXCEPTIONS
+
+TaskSpecLike = TaskSpec | Mapping[str, Any]
+
+
+def raise_for_error(response: httpx.Response) -> None:
+    """Raise the taskmill exception an error response stands for (nothing for a
+    success)."""
+    if response.status_code < 400:
+        return
+    try:
+        error = response.json()["error"]
+        code, message = str(error["code"]), str(error["message"])
+    except (ValueError, KeyError, TypeError):
+        code, message = "http", f"HTTP {response.status_code}: {response.text[:200]}"
+    raise CODE_EXCEPTIONS.get(code, TaskmillError)(message)
+
+
+def _spec_body(value: TaskSpecLike) -> dict[str, Any]:
+    spec = TaskSpec.from_value(value)
+    body: dict[str, Any] = {"task_type": spec.task_type}
+    for name in ("params", "app_id", "dedupe_key", "parent_id", "max_retries", "user_id"):
+        if getattr(spec, name) is not None:
+            body[name] = getattr(spec, name)
+    if spec.priority != Priority.NORMAL:
+        body["priority"] = int(spec.priority)
+    if spec.run_at is not None:
+        body["run_at"] = spec.run_at.isoformat()
+    if spec.delay is not None:
+        delay = spec.delay
+        body["delay"] = delay.total_seconds() if isinstance(delay, timedelta) else delay
+    return body
+
+
+def filter_params(filter: TaskFilter | None) -> list[tuple[str, str | int | float | bool | None]]:
+    """``filter`` as the query parameters of the listing endpoints."""
+    if filter is None:
+        return []
+    params: list[tuple[str, str | int | float | bool | None]] = []
+    for name in ("app_id", "parent_id", "user_id", "dedupe_key"):
+        value = getattr(filter, name)
+        if value is not None:
+            params.append((name, value))
+    params.extend(("task_type", t) for t in filter.task_types or ())
+    params.extend(("status", s.value) for s in filter.statuses or ())
+    for name in ("created_after", "created_before"):
+        moment: datetime | None = getattr(filter, name)
+        if moment is not None:
+            params.append((name, moment.isoformat()))
+    return params
+
+
+def _filter_body(filter: TaskFilter) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    for name in ("app_id", "parent_id", "user_id", "dedupe_key"):
+        if getattr(filter, name) is not None:
+            body[name] = getattr(filter, name)
+    if filter.task_types is not None:
+        body["task_types"] = list(filter.task_types)
+    if filter.statuses is not None:
+        body["statuses"] = [s.value for s in filter.statuses]
+    for name in ("created_after", "created_before"):
+        moment: datetime | None = getattr(filter, name)
+        if moment is not None:
+            body[name] = moment.isoformat()
+    return body
+
+
+class Client:
+    """The service's task operations for the app of ``token``, at ``base_url``.
+
+    Use it as ``async with Client(url, token) as client:``, or call :meth:`aclose`.
+
+    :param timeout: seconds for each request (the event stream waits without one).
+    :param transport: an httpx transport (for tests, or to tune connections).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        timeout: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout,
+            transport=transport,
+        )
+
+    def __repr__(self) -> str:
+        return f"Client({self.base_url!r})"
+
+    async def aclose(self) -> None:
+        """Close the connections."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: list[tuple[str, str | int | float | bool | None]] | None = None,
+    ) -> Any:
+        content = None if json is None else dumps(json)
+        headers = None if json is None else {"Content-Type": "application/json"}
+        try:
+            response = await self._http.request(
+                method, path, content=content, params=params, headers=headers
+            )
+        except httpx.TransportError as exc:
+            raise StorageUnavailable(
+                f"cannot reach the taskmill service at {self.base_url}: {exc}"
+            ) from exc
+        raise_for_error(response)
+        return loads(response.text) if response.content else None
+
+    # -- enqueueing ------------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        task_type: str,
+        params: dict[str, Any] | None = None,
+        *,
+        priority: int = Priority.NORMAL,
+        dedupe_key: str | None = None,
+        run_at: datetime | None = None,
+        delay: timedelta | float | None = None,
+        parent_id: str | None = None,
+        max_retries: int | None = None,
+        user_id: str | None = None,
+    ) -> Task:
+        """Store a new task of this client's app (``AppTasks.enqueue``)."""
+        spec = TaskSpec(
+            task_type=task_type,
+            params=params,
+            priority=priority,
+            dedupe_key=dedupe_key,
+            run_at=run_at,
+            delay=delay,
+            parent_id=parent_id,
+            max_retries=max_retries,
+            user_id=user_id,
+        )
+        return converter.structure(
+            await self._request("POST", "/v1/tasks", json=_spec_body(spec)), Task
+        )
+
+    async def enqueue_many(self, specs: Iterable[TaskSpecLike]) -> list[Task]:
+        """Store many tasks in one request, all or none (``AppTasks.enqueue_many``)."""
+        body = [_spec_body(s) for s in specs]
+        if not body:
+            return []
+        return converter.structure(
+            await self._request("POST", "/v1/tasks:batch", json=body), list[Task]
+        )
+
+    async def batch_children(self, parent_id: str, specs: Iterable[TaskSpecLike]) -> list[Task]:
+        """Store children of ``parent_id`` (``AppTasks.batch_children``)."""
+        body = [_spec_body(s) for s in specs]
+        found = await self._request("POST", f"/v1/tasks/{parent_id}/children", json=body)
+        return converter.structure(found, list[Task])
+
+    # -- reading -----------------------------------------------------------------------
+
+    async def get(self, task_id: str) -> Task | None:
+        """The task's snapshot, or None (unknown, or another app's)."""
+        try:
+            found = await self._request("GET", f"/v1/tasks/{task_id}")
+        except TaskNotFound:
+            return None
+        return converter.structure(found, Task)
+
+    async def query(self, filter: TaskFilter | None = None, *, limit: int = 100) -> list[Task]:
+        """Tasks ``filter`` selects, oldest first, at most ``limit`` (pages through the
+        listing as needed)."""
+        tasks: list[Task] = []
+        cursor: str | None = None
+        while len(tasks) < limit:
+            params = filter_params(filter)
+            params.append(("limit", str(min(1000, limit - len(tasks)))))
+            if cursor is not None:
+                params.append(("cursor", cursor))
+            page = await self._request("GET", "/v1/tasks", params=params)
+            tasks.extend(converter.structure(page["tasks"], list[Task]))
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        return tasks
+
+    async def attempts(self, task_id: str) -> list[Attempt]:
+        """The task's execution log (empty for an unknown or foreign id)."""
+        try:
+            found = await self._request("GET", f"/v1/tasks/{task_id}/attempts")
+        except TaskNotFound:
+            return []
+        return converter.structure(found, list[Attempt])
+
+    async def wait(self, task_id: str, *, timeout: float | None = None) -> Task:
+        """Return the task once it is terminal.
+
+        :raises TaskNotFound: no such task.
+        :raises WaitTimeout: still active after ``timeout`` seconds.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.01
+        while True:
+            task = converter.structure(await self._request("GET", f"/v1/tasks/{task_id}"), Task)
+            if task.status.terminal:
+                return task
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"task {task_id} is still {task.status.value} after {timeout} s")
+            pause = delay if deadline is None else min(delay, deadline - time.monotonic())
+            await asyncio.sleep(max(0.0, pause))
+            delay = min(0.25, delay * 1.5)
+
+    async def progress_summary(self, filter: TaskFilter | None = None) -> ProgressSummary:
+        """Counts by status of the tasks ``filter`` selects."""
+        found = await self._request("GET", "/v1/summary", params=filter_params(filter))
+        found.pop("pct", None)
+        return converter.structure(found, ProgressSummary)
+
+    # -- managing ----------------------------------------------------------------------
+
+    async def cancel(
+        self, task_id: str, *, reason: CancelReason = CancelReason.USER, cascade: bool = True
+    ) -> Task:
+        """Cancel a task; its snapshot afterwards."""
+        body = {"reason": reason.value, "cascade": cascade}
+        return converter.structure(
+            await self._request("POST", f"/v1/tasks/{task_id}/cancel", json=body), Task
+        )
+
+    async def cancel_by_filter(
+        self,
+        filter: TaskFilter,
+        *,
+        reason: CancelReason = CancelReason.USER,
+        cascade: bool = True,
+    ) -> int:
+        """Cancel every active task ``filter`` selects; how many changed."""
+        body = {**_filter_body(filter), "reason": reason.value, "cascade": cascade}
+        found = await self._request("POST", "/v1/tasks:cancel", json=body)
+        return int(found["cancelled"])
+
+    async def retry(self, task_id: str) -> Task:
+        """Put a FAILED or CANCELLED task back to PENDING."""
+        return converter.structure(await self._request("POST", f"/v1/tasks/{task_id}/retry"), Task)
+
+    async def preempt(self, task_type: str, *, dedupe_key: str | None = None) -> int:
+        """Cancel the active tasks of ``task_type`` as PREEMPTED; how many changed."""
+        body: dict[str, Any] = {"task_type": task_type}
+        if dedupe_key is not None:
+            body["dedupe_key"] = dedupe_key
+        found = await self._request("POST", "/v1/preempt", json=body)
+        return int(found["cancelled"])
+
+    async def suspend(self, task_type: str | None = None) -> int:
+        """Suspend this app's tasks (of ``task_type``); how many running ones stopped."""
+        found = await self._request("POST", "/v1/suspend", json={"task_type": task_type})
+        return int(found["interrupted"])
+
+    async def resume(self, task_type: str | None = None) -> bool:
+        """Lift the suspension ``suspend(task_type)`` stored; whether there was one."""
+        found = await self._request("POST", "/v1/resume", json={"task_type": task_type})
+        return bool(found["resumed"])
+
+    async def suspensions(self) -> list[SuspensionScope]:
+        """The stored suspensions of this app."""
+        return converter.structure(
+            await self._request("GET", "/v1/suspensions"), list[SuspensionScope]
+        )
+
+    async def cleanup(self, older_than: timedelta, *, include_failed: bool = False) -> int:
+        """Delete finished tasks older than ``older_than`` (admin tokens only); how many.
+
+        :raises PermissionDenied: the token is an app's.
+        """
+        body = {"older_than_seconds": older_than.total_seconds(), "include_failed": include_failed}
+        found = await self._request("POST", "/v1/cleanup", json=body)
+        return int(found["deleted"])

@@ -1,0 +1,241 @@
+"""Reading requests safely: bounded bodies, strict JSON, validated query parameters.
+
+Everything here raises :class:`~taskmill_http.errors.ServiceError` with the status the
+mistake deserves (400, 413, 422), so that no input can reach the store in a shape that
+would make it fail with a 500.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+import attrs
+from starlette.requests import Request
+from taskmill.model import TaskStatus
+
+from taskmill_http.bodies import BodyError, structure
+from taskmill_http.errors import ServiceError
+
+T = TypeVar("T")
+
+MAX_IDENTIFIER = 200
+"""The longest task type, dedupe key, user id, app id or task id the service accepts (a
+longer one could not be indexed by every store)."""
+INT64 = 2**63
+MAX_SECONDS = 100 * 365 * 86400.0
+"""The longest delay or age (100 years) a request may name."""
+_IDENTIFIERS = frozenset({"task_type", "dedupe_key", "user_id", "parent_id", "app_id"})
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+async def read_json(request: Request, max_bytes: int, *, required: bool = True) -> Any:
+    """The request body as parsed JSON (None for an empty optional body).
+
+    :raises ServiceError: 413 past ``max_bytes``, 400 when it is not JSON (NaN and
+        Infinity included) or holds a lone surrogate, 422 when a required body is
+        empty.
+    """
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > max_bytes:
+        raise ServiceError(413, "body_too_large", f"the body is over {max_bytes} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > max_bytes:
+            raise ServiceError(413, "body_too_large", f"the body is over {max_bytes} bytes")
+    if not body.strip():
+        if required:
+            raise ServiceError(422, "invalid_body", "this endpoint needs a JSON body")
+        return None
+    try:
+        value = json.loads(body, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:
+        raise ServiceError(400, "invalid_json", f"the body is not JSON: {exc}") from None
+    if b"\\u" in body or b"\\U" in body:
+        # A lone surrogate parses, but no store can keep it (it is not UTF-8).
+        try:
+            json.dumps(value, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise ServiceError(
+                400, "invalid_json", "the body holds a lone surrogate (\\ud800-\\udfff)"
+            ) from None
+    return value
+
+
+def body_as(value: Any, cls: type[T]) -> T:
+    """A parsed JSON body as the attrs class ``cls``, with its identifiers checked.
+
+    :raises ServiceError: 422 ``invalid_body`` naming every problem.
+    """
+    if not isinstance(value, dict):
+        raise ServiceError(422, "invalid_body", "the body must be a JSON object")
+    try:
+        result = structure(value, cls)
+    except BodyError as exc:
+        raise ServiceError(422, "invalid_body", str(exc)) from None
+    for field in attrs.fields(type(result)):  # type: ignore[arg-type]
+        if field.name in _IDENTIFIERS:
+            check_identifier(field.name, getattr(result, field.name))
+    return result
+
+
+def list_body(value: Any, cls: type[T], max_items: int) -> list[T]:
+    """A parsed JSON body that must be a list of ``cls`` objects, at most ``max_items``.
+
+    :raises ServiceError: 422 when it is not a list or an item does not fit, 413
+        ``too_many_items`` past ``max_items``.
+    """
+    if not isinstance(value, list):
+        raise ServiceError(422, "invalid_body", "the body must be a JSON array")
+    if len(value) > max_items:
+        raise ServiceError(
+            413, "too_many_items", f"{len(value)} items; at most {max_items} per request"
+        )
+    items = []
+    for i, item in enumerate(value):
+        try:
+            items.append(body_as(item, cls))
+        except ServiceError as exc:
+            raise ServiceError(exc.status, exc.code, f"item {i}: {exc}") from None
+    return items
+
+
+def check_identifier(name: str, value: str | None) -> None:
+    """:raises ServiceError: 422 when ``value`` is empty, too long or holds a NUL."""
+    if value is None:
+        return
+    if not value or len(value) > MAX_IDENTIFIER or "\x00" in value:
+        raise ServiceError(
+            422,
+            "invalid_body",
+            f"{name} must be 1 to {MAX_IDENTIFIER} characters without NUL",
+        )
+
+
+def check_int(name: str, value: int | None, low: int, high: int) -> None:
+    """:raises ServiceError: 422 when ``value`` is outside ``[low, high]``."""
+    if value is not None and not low <= value <= high:
+        raise ServiceError(422, "invalid_body", f"{name} must be between {low} and {high}")
+
+
+def check_seconds(name: str, value: float | None, *, low: float = -MAX_SECONDS) -> None:
+    """:raises ServiceError: 422 for a duration outside ``[low, 100 years]``."""
+    if value is not None and not low <= value <= MAX_SECONDS:
+        raise ServiceError(
+            422, "invalid_body", f"{name} must be between {low:g} and {MAX_SECONDS:g} seconds"
+        )
+
+
+# -- query parameters -------------------------------------------------------------------
+
+
+def query_values(request: Request, name: str) -> list[str]:
+    """Every value of a repeatable parameter (``?status=a&status=b`` or ``a,b``)."""
+    values: list[str] = []
+    for raw in request.query_params.getlist(name):
+        values.extend(v for v in raw.split(",") if v)
+    for value in values:
+        if "\x00" in value or len(value) > MAX_IDENTIFIER:
+            raise ServiceError(422, "invalid_query", f"{name}: a value is too long or has a NUL")
+    return values
+
+
+def query_one(request: Request, name: str) -> str | None:
+    """A single-valued parameter (the last one given), or None."""
+    values = request.query_params.getlist(name)
+    if not values:
+        return None
+    value = values[-1]
+    if not value or "\x00" in value or len(value) > MAX_IDENTIFIER:
+        raise ServiceError(422, "invalid_query", f"{name} must be 1 to {MAX_IDENTIFIER} characters")
+    return value
+
+
+def query_statuses(request: Request) -> tuple[TaskStatus, ...] | None:
+    values = query_values(request, "status")
+    if not values:
+        return None
+    try:
+        return tuple(TaskStatus(v) for v in values)
+    except ValueError:
+        choices = ", ".join(s.value for s in TaskStatus)
+        raise ServiceError(422, "invalid_query", f"status must be one of {choices}") from None
+
+
+def query_datetime(request: Request, name: str) -> datetime | None:
+    value = query_one(request, name)
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        moment = None
+    if moment is None or moment.utcoffset() is None:
+        raise ServiceError(
+            422, "invalid_query", f"{name} must be an ISO-8601 datetime with a UTC offset"
+        )
+    return moment
+
+
+def query_int(request: Request, name: str, default: int, low: int, cap: int) -> int:
+    """An integer parameter of at least ``low``; a value above ``cap`` is taken as
+    ``cap`` (a page larger than the service serves is a page of its largest size)."""
+    value = query_one(request, name)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = low - 1
+    if number < low:
+        raise ServiceError(422, "invalid_query", f"{name} must be an integer of at least {low}")
+    return min(number, cap)
+
+
+def encode_cursor(offset: int) -> str:
+    """The opaque ``cursor`` of the page that starts at ``offset``."""
+    return base64.urlsafe_b64encode(f"o{offset}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(request: Request) -> int:
+    """The offset the ``cursor`` parameter stands for (0 without one).
+
+    :raises ServiceError: 422 for a cursor this service did not hand out.
+    """
+    value = query_one(request, "cursor")
+    if value is None:
+        return 0
+    try:
+        text = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).decode()
+        if text.startswith("o") and text[1:].isdigit() and len(text) < 15:
+            return int(text[1:])
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        pass
+    raise ServiceError(422, "invalid_query", "cursor is not one this service handed out")
+
+
+def ensure_own_app(caller_app: str | None, named: str | None) -> None:
+    """:raises ServiceError: 403 when an app token names another app in a filter."""
+    if caller_app is not None and named is not None and named != caller_app:
+        raise ServiceError(
+            403, "other_app", f"this token acts for app {caller_app!r}, not {named!r}"
+        )
+
+
+def refuse_app_id(caller_app: str | None, named: Sequence[str | None]) -> None:
+    """:raises ServiceError: 422 when an app token's body names an ``app_id``: the app
+    comes from the token alone."""
+    if caller_app is not None and any(a is not None for a in named):
+        raise ServiceError(
+            422,
+            "app_id_not_allowed",
+            "the app comes from the token; remove app_id from the body",
+        )

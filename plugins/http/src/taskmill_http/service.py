@@ -1,0 +1,542 @@
+"""The ASGI app: SPEC section 10's task operations over HTTP, scoped by bearer token.
+
+Every request is authenticated first (401 without a known token), then runs the same
+operation as ``tm.for_app(app_id)`` for an app token, or as ``tm`` itself for an admin
+token: a task of another app is 404, a filter naming another app is 403, an ``app_id``
+in an app token's body is 422. Errors are ``{"error": {"code", "message"}}``; bad input
+is never a 500.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping
+from datetime import timedelta
+from typing import Any
+
+import attrs
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from taskmill.app import Taskmill
+from taskmill.errors import TaskmillError
+from taskmill.model import Attempt, SuspensionScope, Task, TaskFilter, TaskSpec
+from taskmill.operations import TaskOperations
+from taskmill.serialization import converter as model_converter
+from taskmill.serialization import dumps
+
+from taskmill_http import requests as rq
+from taskmill_http.bodies import (
+    CancelBody,
+    CancelledCount,
+    CleanupBody,
+    DeletedCount,
+    FilterBody,
+    PreemptBody,
+    ResumeResult,
+    Summary,
+    SuspendBody,
+    SuspendResult,
+    TaskPage,
+    TaskSpecBody,
+)
+from taskmill_http.errors import ServiceError, status_of
+from taskmill_http.routes import Endpoint, Param
+from taskmill_http.tokens import Caller, Tokens
+
+log = logging.getLogger("taskmill.http")
+
+
+@attrs.frozen
+class Limits:
+    """What one request may ask of the service."""
+
+    max_body_bytes: int = 8 * 1024 * 1024
+    """The largest request body (413 past it)."""
+    max_items: int = 1000
+    """The most tasks one batch or children request creates, and the largest page of a
+    listing (413 ``too_many_items`` past it)."""
+
+
+class Service:
+    """The state behind one app: the ``Taskmill``, the tokens and the limits."""
+
+    def __init__(self, tm: Taskmill, tokens: Tokens, limits: Limits) -> None:
+        self.tm = tm
+        self.tokens = tokens
+        self.limits = limits
+
+    def authenticate(self, request: Request) -> Caller:
+        """The caller the ``Authorization: Bearer`` header identifies.
+
+        :raises ServiceError: 401 without a header, or with an unknown token.
+        """
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise ServiceError(401, "unauthorized", "send Authorization: Bearer <token>")
+        caller = self.tokens.caller(token.strip())
+        if caller is None:
+            raise ServiceError(401, "unauthorized", "unknown token")
+        return caller
+
+    def operations(self, caller: Caller) -> TaskOperations:
+        """The task operations of ``caller``: ``tm.for_app(app)``, or ``tm`` (admin)."""
+        if caller.app_id is None:
+            return self.tm
+        return self.tm.for_app(caller.app_id)
+
+    async def close(self) -> None:
+        """Stop what the service runs in the background (nothing yet)."""
+
+
+@attrs.define
+class Call:
+    """One authenticated request, as an endpoint's handler sees it."""
+
+    service: Service
+    caller: Caller
+    request: Request
+    endpoint: Endpoint
+    body: Any = None
+
+    @property
+    def ops(self) -> TaskOperations:
+        return self.service.operations(self.caller)
+
+    @property
+    def limits(self) -> Limits:
+        return self.service.limits
+
+    def path(self, name: str) -> str:
+        value = str(self.request.path_params[name])
+        rq.check_identifier(name, value)
+        return value
+
+    def filter_from_query(self) -> TaskFilter:
+        """The task filter of the query string, app-checked (403 for another app)."""
+        request = self.request
+        app_id = rq.query_one(request, "app_id")
+        rq.ensure_own_app(self.caller.app_id, app_id)
+        task_types = rq.query_values(request, "task_type")
+        return TaskFilter(
+            app_id=app_id,
+            task_types=tuple(task_types) or None,
+            statuses=rq.query_statuses(request),
+            parent_id=rq.query_one(request, "parent_id"),
+            user_id=rq.query_one(request, "user_id"),
+            dedupe_key=rq.query_one(request, "dedupe_key"),
+            created_after=rq.query_datetime(request, "created_after"),
+            created_before=rq.query_datetime(request, "created_before"),
+        )
+
+
+def json_response(value: Any, status: int = 200) -> Response:
+    """``value`` (taskmill models, attrs bodies, plain JSON) as a JSON response."""
+    return Response(
+        dumps(model_converter.unstructure(value)), status, media_type="application/json"
+    )
+
+
+def error_response(status: int, code: str, message: str) -> Response:
+    """The one error shape: ``{"error": {"code", "message"}}``."""
+    body = {"error": {"code": code, "message": message}}
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return Response(dumps(body), status, media_type="application/json", headers=headers)
+
+
+# -- endpoint handlers ------------------------------------------------------------------
+
+
+def _spec(caller: Caller, body: TaskSpecBody) -> TaskSpec:
+    rq.check_int("priority", body.priority, -rq.INT64, rq.INT64 - 1)
+    rq.check_int("max_retries", body.max_retries, 0, 1_000_000)
+    rq.check_seconds("delay", body.delay)
+    return TaskSpec(
+        task_type=body.task_type,
+        params=body.params,
+        app_id=body.app_id,
+        priority=body.priority,
+        dedupe_key=body.dedupe_key,
+        run_at=body.run_at,
+        delay=body.delay,
+        parent_id=body.parent_id,
+        max_retries=body.max_retries,
+        user_id=body.user_id,
+    )
+
+
+def _specs(call: Call) -> list[TaskSpec]:
+    bodies = rq.list_body(call.body, TaskSpecBody, call.limits.max_items)
+    rq.refuse_app_id(call.caller.app_id, [b.app_id for b in bodies])
+    return [_spec(call.caller, b) for b in bodies]
+
+
+async def create_task(call: Call) -> Task:
+    body = rq.body_as(call.body, TaskSpecBody)
+    rq.refuse_app_id(call.caller.app_id, [body.app_id])
+    (task,) = await call.ops.enqueue_many([_spec(call.caller, body)])
+    return task
+
+
+async def create_tasks(call: Call) -> list[Task]:
+    return await call.ops.enqueue_many(_specs(call))
+
+
+async def get_task(call: Call) -> Task:
+    task_id = call.path("task_id")
+    task = await call.ops.get(task_id)
+    if task is None:
+        raise ServiceError(404, "not_found", f"no task {task_id}")
+    return task
+
+
+async def list_tasks(call: Call) -> TaskPage:
+    filter = call.filter_from_query()
+    limit = rq.query_int(call.request, "limit", 100, 1, call.limits.max_items)
+    offset = rq.decode_cursor(call.request)
+    tasks = await call.ops.query(filter, limit=limit + 1, offset=offset)
+    more = len(tasks) > limit
+    return TaskPage(
+        tasks=tasks[:limit], next_cursor=rq.encode_cursor(offset + limit) if more else None
+    )
+
+
+async def cancel_task(call: Call) -> Task:
+    task_id = call.path("task_id")
+    body = CancelBody() if call.body is None else rq.body_as(call.body, CancelBody)
+    return await call.ops.cancel(task_id, reason=body.reason, cascade=body.cascade)
+
+
+async def retry_task(call: Call) -> Task:
+    return await call.ops.retry(call.path("task_id"))
+
+
+async def task_attempts(call: Call) -> list[Attempt]:
+    task = await get_task(call)
+    return await call.ops.attempts(task.id)
+
+
+async def create_children(call: Call) -> list[Task]:
+    parent_id = call.path("task_id")
+    return await call.ops.batch_children(parent_id, _specs(call))
+
+
+async def cancel_tasks(call: Call) -> CancelledCount:
+    body = rq.body_as(call.body, FilterBody)
+    rq.ensure_own_app(call.caller.app_id, body.app_id)
+    for task_type in body.task_types or ():
+        rq.check_identifier("task_types", task_type)
+    filter = TaskFilter(
+        app_id=body.app_id,
+        task_types=tuple(body.task_types) if body.task_types is not None else None,
+        statuses=tuple(body.statuses) if body.statuses is not None else None,
+        parent_id=body.parent_id,
+        user_id=body.user_id,
+        dedupe_key=body.dedupe_key,
+        created_after=body.created_after,
+        created_before=body.created_before,
+    )
+    count = await call.ops.cancel_by_filter(filter, reason=body.reason, cascade=body.cascade)
+    return CancelledCount(cancelled=count)
+
+
+async def summary(call: Call) -> Summary:
+    found = await call.ops.progress_summary(call.filter_from_query())
+    return Summary(
+        total=found.total,
+        pending=found.pending,
+        running=found.running,
+        completed=found.completed,
+        failed=found.failed,
+        cancelled=found.cancelled,
+        pct=found.pct,
+    )
+
+
+async def cleanup(call: Call) -> DeletedCount:
+    body = rq.body_as(call.body, CleanupBody)
+    rq.check_seconds("older_than_seconds", body.older_than_seconds, low=0)
+    deleted = await call.service.tm.cleanup(
+        timedelta(seconds=body.older_than_seconds), include_failed=body.include_failed
+    )
+    return DeletedCount(deleted=deleted)
+
+
+async def preempt(call: Call) -> CancelledCount:
+    body = rq.body_as(call.body, PreemptBody)
+    rq.refuse_app_id(call.caller.app_id, [body.app_id])
+    count = await call.ops.preempt(body.task_type, app_id=body.app_id, dedupe_key=body.dedupe_key)
+    return CancelledCount(cancelled=count)
+
+
+async def suspend(call: Call) -> SuspendResult:
+    body = SuspendBody() if call.body is None else rq.body_as(call.body, SuspendBody)
+    rq.refuse_app_id(call.caller.app_id, [body.app_id])
+    return SuspendResult(interrupted=await call.ops.suspend(body.task_type, app_id=body.app_id))
+
+
+async def resume(call: Call) -> ResumeResult:
+    body = SuspendBody() if call.body is None else rq.body_as(call.body, SuspendBody)
+    rq.refuse_app_id(call.caller.app_id, [body.app_id])
+    return ResumeResult(resumed=await call.ops.resume(body.task_type, app_id=body.app_id))
+
+
+async def suspensions(call: Call) -> list[SuspensionScope]:
+    return await call.ops.suspensions()
+
+
+_STRING = {"type": "string"}
+TASK_ID = Param("task_id", _STRING, "the task's id", where="path")
+FILTER_PARAMS = (
+    Param(
+        "status",
+        {"type": "array", "items": {"$ref": "#/components/schemas/TaskStatus"}},
+        "only tasks in these statuses (repeat it, or separate with commas)",
+        repeated=True,
+    ),
+    Param(
+        "task_type",
+        {"type": "array", "items": _STRING},
+        "only these task types (repeat it, or separate with commas)",
+        repeated=True,
+    ),
+    Param("app_id", _STRING, "only this app (an app token may name only its own)"),
+    Param("parent_id", _STRING, "only children of this task"),
+    Param("user_id", _STRING, "only tasks this user asked for"),
+    Param("dedupe_key", _STRING, "only tasks with this dedupe key"),
+    Param(
+        "created_after",
+        {"type": "string", "format": "date-time"},
+        "only tasks created after this moment",
+    ),
+    Param(
+        "created_before",
+        {"type": "string", "format": "date-time"},
+        "only tasks created before this moment",
+    ),
+)
+
+TASK_ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint(
+        "POST",
+        "/v1/tasks",
+        create_task,
+        "Create one task",
+        returns=Task,
+        status=201,
+        body=TaskSpecBody,
+        errors=(404,),
+    ),
+    Endpoint(
+        "POST",
+        "/v1/tasks:batch",
+        create_tasks,
+        "Create many tasks at once (all or none)",
+        returns=list[Task],
+        status=201,
+        body=list[TaskSpecBody],
+        errors=(404,),
+    ),
+    Endpoint(
+        "GET",
+        "/v1/tasks",
+        list_tasks,
+        "List tasks, oldest first, a page at a time",
+        returns=TaskPage,
+        params=(
+            *FILTER_PARAMS,
+            Param("limit", {"type": "integer", "minimum": 1}, "page size (default 100)"),
+            Param("cursor", _STRING, "the next_cursor of the previous page"),
+        ),
+        errors=(403,),
+    ),
+    Endpoint(
+        "GET",
+        "/v1/tasks/{task_id}",
+        get_task,
+        "Get one task",
+        Task,
+        params=(TASK_ID,),
+        errors=(404,),
+    ),
+    Endpoint(
+        "POST",
+        "/v1/tasks/{task_id}/cancel",
+        cancel_task,
+        "Cancel a task (and, with cascade, its descendants)",
+        Task,
+        body=CancelBody,
+        body_required=False,
+        params=(TASK_ID,),
+        errors=(404,),
+    ),
+    Endpoint(
+        "POST",
+        "/v1/tasks/{task_id}/retry",
+        retry_task,
+        "Put a FAILED or CANCELLED task back to PENDING",
+        Task,
+        params=(TASK_ID,),
+        errors=(404, 409),
+    ),
+    Endpoint(
+        "GET",
+        "/v1/tasks/{task_id}/attempts",
+        task_attempts,
+        "A task's execution log",
+        list[Attempt],
+        params=(TASK_ID,),
+        errors=(404,),
+    ),
+    Endpoint(
+        "POST",
+        "/v1/tasks/{task_id}/children",
+        create_children,
+        "Create children of a task (all or none)",
+        list[Task],
+        status=201,
+        body=list[TaskSpecBody],
+        params=(TASK_ID,),
+        errors=(404,),
+    ),
+    Endpoint(
+        "POST",
+        "/v1/tasks:cancel",
+        cancel_tasks,
+        "Cancel every active task a filter selects",
+        CancelledCount,
+        body=FilterBody,
+        errors=(403,),
+    ),
+    Endpoint(
+        "GET",
+        "/v1/summary",
+        summary,
+        "Counts of tasks by status",
+        Summary,
+        params=FILTER_PARAMS,
+        errors=(403,),
+    ),
+    Endpoint(
+        "POST",
+        "/v1/cleanup",
+        cleanup,
+        "Delete finished tasks older than a duration (admin tokens only)",
+        DeletedCount,
+        body=CleanupBody,
+        admin_only=True,
+        errors=(403,),
+    ),
+    Endpoint(
+        "POST",
+        "/v1/preempt",
+        preempt,
+        "Cancel the active tasks of a type as PREEMPTED",
+        CancelledCount,
+        body=PreemptBody,
+    ),
+    Endpoint(
+        "POST",
+        "/v1/suspend",
+        suspend,
+        "Stop claiming tasks of a scope, on every worker",
+        SuspendResult,
+        body=SuspendBody,
+        body_required=False,
+    ),
+    Endpoint(
+        "POST",
+        "/v1/resume",
+        resume,
+        "Lift a suspension",
+        ResumeResult,
+        body=SuspendBody,
+        body_required=False,
+    ),
+    Endpoint(
+        "GET",
+        "/v1/suspensions",
+        suspensions,
+        "The stored suspensions (an app token sees its app's)",
+        list[SuspensionScope],
+    ),
+)
+
+
+# -- the app ---------------------------------------------------------------------------
+
+
+def _route(service: Service, endpoint: Endpoint) -> Route:
+    async def serve(request: Request) -> Response:
+        try:
+            caller = Caller(None) if endpoint.public else service.authenticate(request)
+            if endpoint.admin_only and not caller.is_admin:
+                raise ServiceError(403, "admin_only", "this endpoint needs an admin token")
+            call = Call(service, caller, request, endpoint)
+            if endpoint.body is not None:
+                call.body = await rq.read_json(
+                    request, service.limits.max_body_bytes, required=endpoint.body_required
+                )
+            result = await endpoint.handler(call)
+        except TaskmillError as exc:
+            status, code = status_of(exc)
+            if status >= 500:
+                log.warning("%s %s: %s", request.method, request.url.path, exc)
+            return error_response(status, code, str(exc))
+        except Exception:
+            log.exception("%s %s failed", request.method, request.url.path)
+            return error_response(500, "internal", "the service failed; see its log")
+        if endpoint.raw:
+            assert isinstance(result, Response)
+            return result
+        return json_response(result, endpoint.status)
+
+    return Route(endpoint.path, serve, methods=[endpoint.method], name=endpoint.operation_id)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "bad_request")
+    message = "no such endpoint" if exc.status_code == 404 else str(exc.detail)
+    return error_response(exc.status_code, code, message)
+
+
+def create_app(
+    tm: Taskmill,
+    tokens: Tokens | Mapping[str, str],
+    *,
+    limits: Limits | None = None,
+) -> Starlette:
+    """The ASGI app of the service, for ``tm`` (an open ``Taskmill``, whose lifecycle
+    stays the caller's) and ``tokens`` (a :class:`~taskmill_http.Tokens`, or a dict of
+    token to app id or ``"*"``).
+
+    Mount it in your own Starlette or FastAPI app, or serve it with uvicorn
+    (``taskmill serve`` does). ``app.state.service`` is the :class:`Service` behind it.
+    """
+    from taskmill_http.openapi import openapi_endpoint
+
+    if not isinstance(tokens, Tokens):
+        tokens = Tokens(tokens)
+    service = Service(tm, tokens, limits or Limits())
+    endpoints = (*TASK_ENDPOINTS,)
+    endpoints = (*endpoints, openapi_endpoint(endpoints))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await service.close()
+
+    app = Starlette(
+        routes=[_route(service, e) for e in endpoints],
+        exception_handlers={HTTPException: _http_error},
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    return app
