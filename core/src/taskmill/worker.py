@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
@@ -340,35 +340,34 @@ class Worker:
             raise RuntimeError("this worker is already running")
         self._prepare()
         assert self._stopped is not None
+        self._tm._attach_worker(self)
         self._active = True
         self._stopping = False
         self._grace = None
         self._signals = 0
         self.stop_signal = None
         self.forced = False
-        self._tm._attach_worker(self)
-        removers = self._install_signal_handlers()
-        self._background = [
-            asyncio.create_task(self._flush_loop(), name="taskmill-flush"),
-            asyncio.create_task(self._renew_leases_loop(), name="taskmill-leases"),
-            asyncio.create_task(self._watch_leases_loop(), name="taskmill-watch"),
-            asyncio.create_task(self._save_progress_loop(), name="taskmill-progress"),
-            asyncio.create_task(self._rescue_loop(), name="taskmill-rescue"),
-        ]
-        self._listener = await self._open_listener()
-        if self._listener is not None:
-            self._background.append(
-                asyncio.create_task(self._listen_loop(self._listener), name="taskmill-listen")
-            )
-        await self._tm._worker_started(self)
+        leave_signals = self._take_signals()
         try:
+            self._background = [
+                asyncio.create_task(self._flush_loop(), name="taskmill-flush"),
+                asyncio.create_task(self._renew_leases_loop(), name="taskmill-leases"),
+                asyncio.create_task(self._watch_leases_loop(), name="taskmill-watch"),
+                asyncio.create_task(self._save_progress_loop(), name="taskmill-progress"),
+                asyncio.create_task(self._rescue_loop(), name="taskmill-rescue"),
+            ]
+            self._listener = await self._open_listener()
+            if self._listener is not None:
+                self._background.append(
+                    asyncio.create_task(self._listen_loop(self._listener), name="taskmill-listen")
+                )
+            await self._tm._worker_started(self)
             await self._claim_loop(until_idle=until_idle)
         finally:
             try:
                 await self._shutdown()
             finally:
-                for remove in removers:
-                    remove()
+                leave_signals()
                 if self._force_exit is not None:
                     self._force_exit.cancel()
                     self._force_exit = None
@@ -977,30 +976,12 @@ class Worker:
     def _current_grace(self) -> float:
         return self.shutdown_grace if self._grace is None else self._grace
 
-    def _install_signal_handlers(self) -> list[Callable[[], None]]:
-        """Take SIGTERM and SIGINT, unless the host process manages them itself.
-
-        A signal is free when its handler is the default (or ``asyncio.run``'s own
-        Ctrl-C handler, which a plain asyncio program did not choose). A host that
-        installed its own handler (uvicorn, Django, ``loop.add_signal_handler``) keeps
-        it and stops the worker from its own shutdown path. The previous handler is put
-        back when the worker stops.
-        """
+    def _take_signals(self) -> Callable[[], None]:
+        """Have SIGTERM and SIGINT stop this worker, unless the host process manages them
+        itself (see :class:`_SignalRouter`); returns what undoes it."""
         if not self.handle_signals or threading.current_thread() is not threading.main_thread():
-            return []
-        loop = asyncio.get_running_loop()
-        removers: list[Callable[[], None]] = []
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            previous = signal.getsignal(sig)
-            if not _signal_is_free(previous):
-                log.debug("%s is handled by the host process; not taking it", sig.name)
-                continue
-            try:
-                loop.add_signal_handler(sig, self._on_signal, sig)
-            except (NotImplementedError, RuntimeError):  # pragma: no cover - non-Unix
-                continue
-            removers.append(functools.partial(_restore_signal_handler, loop, sig, previous))
-        return removers
+            return _nothing
+        return _SignalRouter.join(asyncio.get_running_loop(), self)
 
     def _on_signal(self, sig: signal.Signals) -> None:
         self._signals += 1
@@ -1044,12 +1025,63 @@ def _signal_is_free(handler: object) -> bool:
     return isinstance(owner, asyncio.Runner)
 
 
-def _restore_signal_handler(
-    loop: asyncio.AbstractEventLoop, sig: signal.Signals, previous: object
-) -> None:
-    loop.remove_signal_handler(sig)
-    with contextlib.suppress(TypeError, ValueError, OSError):
-        signal.signal(sig, previous)  # type: ignore[arg-type]
+def _nothing() -> None:
+    return None
+
+
+class _SignalRouter:
+    """SIGTERM and SIGINT for every worker running on one event loop.
+
+    The first worker to start on a loop takes each signal that is free (its handler is
+    the default, or ``asyncio.run()``'s own Ctrl-C handler); a host that installed its
+    own handler (uvicorn, Django, ``loop.add_signal_handler``) keeps it and stops the
+    workers from its own shutdown path. A signal then reaches every worker of the loop,
+    so one Ctrl-C stops two workers run side by side. When the last worker leaves, the
+    handlers found at the start are put back.
+    """
+
+    _by_loop: ClassVar[dict[asyncio.AbstractEventLoop, _SignalRouter]] = {}
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.workers: list[Worker] = []
+        self.previous: dict[signal.Signals, object] = {}
+
+    @classmethod
+    def join(cls, loop: asyncio.AbstractEventLoop, worker: Worker) -> Callable[[], None]:
+        router = cls._by_loop.get(loop)
+        if router is None:
+            router = cls._by_loop[loop] = cls(loop)
+            router._install()
+        router.workers.append(worker)
+        return functools.partial(router._leave, worker)
+
+    def _install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous = signal.getsignal(sig)
+            if not _signal_is_free(previous):
+                log.debug("%s is handled by the host process; not taking it", sig.name)
+                continue
+            try:
+                self.loop.add_signal_handler(sig, self._deliver, sig)
+            except (NotImplementedError, RuntimeError):  # pragma: no cover - non-Unix
+                continue
+            self.previous[sig] = previous
+
+    def _deliver(self, sig: signal.Signals) -> None:
+        for worker in list(self.workers):
+            worker._on_signal(sig)
+
+    def _leave(self, worker: Worker) -> None:
+        with contextlib.suppress(ValueError):
+            self.workers.remove(worker)
+        if self.workers:
+            return
+        del self._by_loop[self.loop]
+        for sig, previous in self.previous.items():
+            self.loop.remove_signal_handler(sig)
+            with contextlib.suppress(TypeError, ValueError, OSError):
+                signal.signal(sig, previous)  # type: ignore[arg-type]
 
 
 def _exit_now(worker_id: str, sig: signal.Signals) -> None:
