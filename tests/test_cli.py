@@ -3,26 +3,24 @@ against a real SQLite file, its output checked against what the database holds."
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import re
 import signal
+import socket
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable
 from datetime import timedelta
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
 
 import pytest
-from taskmill import Task, TaskFilter, Taskmill, TaskStatus
+from taskmill import Task, TaskFilter, TaskStatus
 from taskmill.discovery import KNOWN_PACKAGES, installed_schemes
 
-SCRIPT = Path(sys.executable).with_name("taskmill")
+from tests.cli_support import SCRIPT, cli_env, enqueue, ok, stored, task_of, wait_until
+
+pytest_plugins = ("tests.cli_fixtures",)  # the cli and url fixtures
 
 # The demo's handlers come from the installed taskmill-demo plugin, found the way the
 # CLI finds it: through its entry point.
@@ -31,91 +29,11 @@ DEMO = _DEMO_ENTRY_POINT.load()
 assert _DEMO_ENTRY_POINT.dist is not None
 DEMO_VERSION = _DEMO_ENTRY_POINT.dist.version
 
-HANDLERS = '''
-"""Handlers the CLI tests load with `taskmill worker --import cli_handlers`."""
-import taskmill
-
-
-def register(tm: taskmill.Taskmill) -> None:
-    @tm.handler("test.add")
-    async def add(ctx, params):
-        ctx.check_cancelled()
-        await ctx.progress(1, 1, "added")
-        return {"sum": params["a"] + params["b"]}
-
-    @tm.handler("test.reject", max_retries=0)
-    def reject(ctx, params):
-        raise taskmill.Fail(f"rejected: {params.get('why', 'no reason')}")
-
-    @tm.handler("test.wait_for_file")
-    async def wait_for_file(ctx, params):
-        import asyncio, pathlib
-        path = pathlib.Path(params["path"])
-        while not path.exists():
-            await asyncio.sleep(0.02)
-        return {"seen": str(path)}
-'''
-
-
-def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("TASKMILL_URL", "COLUMNS", "LINES")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
-    env["PYTHONIOENCODING"] = "utf-8"
-    env.update(extra)
-    return env
-
-
-@pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 't.db'}"
-
-
-@pytest.fixture
-def cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """Run ``taskmill ARGS...`` in ``tmp_path`` (where ``cli_handlers`` is importable)
-    and return the finished process."""
-    assert SCRIPT.exists(), f"the console script is not installed at {SCRIPT}"
-    (tmp_path / "cli_handlers.py").write_text(HANDLERS)
-
-    def run(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(SCRIPT), *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            cwd=tmp_path,
-            env=_env(tmp_path, **env),
-            check=False,
-        )
-
-    return run
-
-
-def _ok(process: subprocess.CompletedProcess[str]) -> str:
-    assert process.returncode == 0, (
-        f"exit {process.returncode}\nstdout:\n{process.stdout}\nstderr:\n{process.stderr}"
-    )
-    return process.stdout
-
-
-def _stored(url: str, action: Callable[[Taskmill], Any]) -> Any:
-    async def go() -> Any:
-        async with Taskmill(url, plugins=False) as tm:
-            return await action(tm)
-
-    return asyncio.run(go())
-
-
-def _task(url: str, task_id: str) -> Task:
-    task = _stored(url, lambda tm: tm.get(task_id))
-    assert task is not None
-    return task
-
-
-def _enqueue(cli: Callable[..., Any], url: str, *args: str) -> str:
-    task_id = _ok(cli("--url", url, "enqueue", *args)).strip()
-    uuid.UUID(task_id)
-    return task_id
+_env = cli_env
+_ok = ok
+_stored = stored
+_task = task_of
+_enqueue = enqueue
 
 
 def _field(show_output: str, name: str) -> str:
@@ -279,6 +197,7 @@ def test_ls_filters_by_status_type_and_user_and_lists_newest_first(cli, url):
 
 
 def test_ls_of_an_empty_store_says_so(cli, url):
+    _ok(cli("--url", url, "migrate"))
     assert _ok(cli("--url", url, "ls")).strip() == "no tasks"
 
 
@@ -395,12 +314,12 @@ def test_url_is_accepted_after_the_command_too(cli, url):
     assert [t["id"] for t in listed] == [task_id]
 
 
-def test_bad_params_json_exits_2_with_a_message_and_stores_nothing(cli, url):
+def test_bad_params_json_exits_2_with_a_message_and_stores_nothing(cli, url, tmp_path):
     process = cli("--url", url, "enqueue", "test.add", "--params", '{"a": 1,')
     assert process.returncode == 2
     assert "argument --params: not valid JSON" in process.stderr
     assert "Traceback" not in process.stderr
-    assert json.loads(_ok(cli("--url", url, "ls", "--json"))) == []
+    assert not (tmp_path / "t.db").exists()
 
 
 def test_params_that_are_not_a_json_object_exit_2(cli, url):
@@ -453,12 +372,7 @@ def test_a_handler_module_without_register_exits_2(cli, url, tmp_path):
 # -- signals ------------------------------------------------------------------------
 
 
-def _wait_until(condition: Callable[[], bool], what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+_wait_until = wait_until
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -493,6 +407,210 @@ def test_a_worker_stops_gracefully_on_a_signal_letting_its_task_finish(cli, url,
     assert "stopping gracefully" in stderr
     assert "stopped after 1 attempt\n" in stderr
     assert _task(url, task_id).status is TaskStatus.COMPLETED
+
+
+def _start_worker(url: str, tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], Path]:
+    """A ``taskmill worker`` process whose stderr goes to a file (returned), so that a
+    test can wait for what it logs."""
+    log = tmp_path / f"worker-{uuid.uuid4().hex[:6]}.log"
+    with log.open("w") as stderr:
+        process = subprocess.Popen(
+            [str(SCRIPT), "--url", url, "worker", "--import", "cli_handlers", *args],
+            cwd=tmp_path,
+            env=_env(tmp_path),
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            text=True,
+        )
+    return process, log
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_worker_whose_grace_runs_out_releases_its_task_and_exits_0(cli, url, tmp_path, sig):
+    never = tmp_path / "never"
+    task_id = _enqueue(cli, url, "test.wait_for_file", "--params", json.dumps({"path": str(never)}))
+    worker, log = _start_worker(url, tmp_path, "--shutdown-grace", "0.2")
+    try:
+        _wait_until(
+            lambda: _task(url, task_id).status is TaskStatus.RUNNING, "the worker to claim the task"
+        )
+        worker.send_signal(sig)
+        returncode = worker.wait(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    stderr = log.read_text()
+    assert returncode == 0, stderr
+    assert "interrupting 1 tasks still running" in stderr
+    released = _task(url, task_id)
+    assert released.status is TaskStatus.PENDING
+    assert released.attempts == 0  # given back, not spent
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_second_signal_forces_the_stop_and_exits_128_plus_the_signal(cli, url, tmp_path, sig):
+    never = tmp_path / "never"
+    task_id = _enqueue(cli, url, "test.wait_for_file", "--params", json.dumps({"path": str(never)}))
+    worker, log = _start_worker(url, tmp_path, "--shutdown-grace", "60")
+    try:
+        _wait_until(
+            lambda: _task(url, task_id).status is TaskStatus.RUNNING, "the worker to claim the task"
+        )
+        worker.send_signal(sig)
+        _wait_until(lambda: "stopping gracefully" in log.read_text(), "the first signal's log")
+        worker.send_signal(sig)
+        returncode = worker.wait(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    stderr = log.read_text()
+    assert returncode == 128 + sig, stderr
+    assert f"{sig.name} received again: stopping now" in stderr
+    assert _task(url, task_id).status is not TaskStatus.COMPLETED
+
+
+def test_ctrl_c_interrupts_any_other_command_with_status_130(tmp_path):
+    """``taskmill ls`` against a server that accepts the connection and never answers
+    waits for it; Ctrl-C (SIGINT) ends it with status 130."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(30)
+    port = server.getsockname()[1]
+    url = f"postgresql://nobody:secret@127.0.0.1:{port}/db?connect_timeout=120"
+    process = subprocess.Popen(
+        [str(SCRIPT), "--url", url, "ls"],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        connection, _ = server.accept()  # the command is waiting for the server now
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=30)
+        connection.close()
+    finally:
+        server.close()
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 130, stderr
+    assert stderr.strip().endswith("error: interrupted")
+    assert "Traceback" not in stderr
+
+
+def test_worker_help_mentions_plugins_and_what_the_reserved_slot_means(cli):
+    text = " ".join(_ok(cli("worker", "--help")).split())
+    assert "installed plugins" in text
+    assert "--concurrency 2 runs one normal-priority task at a time" in text
+    assert "--task-type TYPE" in text and "--app-id APP" in text
+    assert "exit status 128 + the signal's number" in text
+
+
+# -- task types no handler serves ----------------------------------------------------
+
+
+def test_enqueueing_a_type_no_handler_serves_warns_with_close_matches_and_stores_it(cli, url):
+    process = cli("--url", url, "enqueue", "test.ad", "--import", "cli_handlers")
+    task_id = _ok(process).strip()
+
+    assert "warning: no handler registered here serves task type 'test.ad'" in process.stderr
+    assert "did you mean 'test.add'?" in process.stderr
+    assert "stays pending until a worker with a handler for it runs" in process.stderr
+    assert _task(url, task_id).status is TaskStatus.PENDING
+
+    served = cli("--url", url, "enqueue", "test.add", "--import", "cli_handlers")
+    _ok(served)
+    assert "warning" not in served.stderr
+
+
+def test_enqueueing_a_type_served_only_for_another_app_names_that_app(cli, url):
+    process = cli("--url", url, "enqueue", "fetch", "--json")  # the demo plugin's, of app media
+    _ok(process)
+    assert f"it has handlers for app {DEMO.APP_ID!r} only" in process.stderr
+
+
+def test_worker_until_idle_reports_pending_tasks_no_handler_of_it_serves(cli, url):
+    typo = _enqueue(cli, url, "test.ad")
+    done = _enqueue(cli, url, "test.add", "--params", '{"a": 1, "b": 2}')
+
+    process = cli("--url", url, "worker", "--import", "cli_handlers", "--until-idle")
+
+    _ok(process)
+    assert _task(url, done).status is TaskStatus.COMPLETED
+    assert _task(url, typo).status is TaskStatus.PENDING
+    assert (
+        "warning: 1 pending task of types no handler of this worker serves: "
+        "'test.ad' (1 task; did you mean 'test.add'?)"
+    ) in process.stderr
+
+
+def test_stats_reports_pending_tasks_no_loaded_handler_serves(cli, url):
+    _enqueue(cli, url, "test.add")
+    _enqueue(cli, url, "tset.reject")
+    _enqueue(cli, url, "tset.reject")
+
+    process = cli("--url", url, "stats", "--json", "--import", "cli_handlers")
+
+    assert json.loads(_ok(process))["all"]["pending"] == 3
+    assert (
+        "2 pending tasks of types no handler loaded here serves: "
+        "'tset.reject' (2 tasks; did you mean 'test.reject'?)"
+    ) in process.stderr
+    only_served = cli("--url", url, "stats", "--type", "test.add", "--import", "cli_handlers")
+    _ok(only_served)
+    assert "warning" not in only_served.stderr
+
+
+def test_worker_task_type_filter_claims_only_that_type(cli, url):
+    add = _enqueue(cli, url, "test.add", "--params", '{"a": 1, "b": 1}')
+    reject = _enqueue(cli, url, "test.reject")
+
+    process = cli(
+        "--url",
+        url,
+        "worker",
+        "--import",
+        "cli_handlers",
+        "--until-idle",
+        "--task-type",
+        "test.add",
+    )
+
+    _ok(process)
+    assert _task(url, add).status is TaskStatus.COMPLETED
+    assert _task(url, reject).status is TaskStatus.PENDING
+    assert "handlers: photos/test.add, test.add\n" in process.stderr
+    assert "'test.reject' (1 task)" in process.stderr
+
+
+def test_worker_app_id_filter_claims_only_with_that_apps_handlers(cli, url):
+    host = _enqueue(cli, url, "test.add", "--params", '{"a": 1, "b": 1}')
+    photos = _enqueue(cli, url, "test.add", "--app-id", "photos")
+
+    by_app = cli(
+        "--url", url, "worker", "--import", "cli_handlers", "--until-idle", "--app-id", "photos"
+    )
+    _ok(by_app)
+    assert _task(url, photos).result == {"app": "photos"}
+    assert _task(url, host).status is TaskStatus.PENDING
+
+    by_host = cli(
+        "--url", url, "worker", "--import", "cli_handlers", "--until-idle", "--app-id", "-"
+    )
+    _ok(by_host)
+    assert _task(url, host).result == {"sum": 2}
+
+
+def test_a_worker_filter_that_matches_no_handler_is_an_error_listing_the_handlers(cli, url):
+    process = cli("--url", url, "worker", "--import", "cli_handlers", "--task-type", "nope")
+    assert process.returncode == 2
+    assert "no handler matches the worker's filters (task types: nope; apps: any)" in process.stderr
+    assert "test.add" in process.stderr
 
 
 # -- the demo -----------------------------------------------------------------------
@@ -580,7 +698,7 @@ def test_demo_without_the_demo_plugin_says_what_to_do_and_creates_no_database(cl
 def test_plugins_lists_the_installed_plugins_with_their_distributions_and_handlers(cli):
     document = json.loads(_ok(cli("plugins", "--json")))
     plugins = {p["name"]: p for p in document["plugins"]}
-    assert document["disabled"] == []
+    assert document["disabled"] == document["broken"] == []
     demo = plugins["demo"]
     assert (demo["distribution"], demo["version"]) == (
         "taskmill-demo",
@@ -609,10 +727,17 @@ def test_plugins_lists_the_installed_plugins_with_their_distributions_and_handle
 
 
 def test_plugins_names_the_plugins_taskmill_disable_plugins_skips(cli):
+    installed = sorted({ep.name for ep in entry_points(group="taskmill.plugins")})
     document = json.loads(
-        _ok(cli("plugins", "--json", TASKMILL_DISABLE_PLUGINS="demo, prometheus"))
+        _ok(cli("plugins", "--json", TASKMILL_DISABLE_PLUGINS=", ".join(installed)))
     )
-    assert document == {"plugins": [], "disabled": ["demo", "prometheus"]}
+    assert document == {
+        "plugins": [],
+        "disabled": installed,
+        "not_enabled": [],
+        "broken": [],
+        "unmatched": [],
+    }
     table = _ok(cli("plugins", TASKMILL_DISABLE_PLUGINS="demo"))
     assert "disabled by TASKMILL_DISABLE_PLUGINS: demo" in table
     assert "taskmill-demo" not in table

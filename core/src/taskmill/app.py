@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, TypeVar
@@ -15,7 +15,7 @@ from taskmill.model import (
     TaskStatus,
 )
 from taskmill.operations import AppTasks, TaskOperations
-from taskmill.plugins import PluginInfo, Plugins
+from taskmill.plugins import DISABLE_ENV, ENABLE_ENV, PluginInfo, Plugins
 from taskmill.registry import Handler, HandlerFunc, HandlerRegistry
 from taskmill.storage import Finish, TaskStorage, utcnow
 from taskmill.worker import Worker
@@ -43,6 +43,10 @@ class Taskmill(TaskOperations):
     :param default_max_retries: retries for tasks whose handler and enqueue call do not
         say (default 3).
     :param auto_migrate: migrate an older schema on open instead of refusing.
+    :param strict_types: enqueueing (``enqueue``, ``enqueue_many``, ``batch_children``,
+        ``ctx.spawn``) a task type that no handler registered here serves raises
+        :class:`~taskmill.UnknownTaskType`, naming close matches. Off by default: another
+        process may serve the type, and such a task simply waits, PENDING, for it.
     :param storage_options: passed to the backend (see docs/backends.md).
     """
 
@@ -54,6 +58,7 @@ class Taskmill(TaskOperations):
         max_params_bytes: int = DEFAULT_MAX_PARAMS_BYTES,
         default_max_retries: int = DEFAULT_MAX_RETRIES,
         auto_migrate: bool = False,
+        strict_types: bool = False,
         **storage_options: Any,
     ) -> None:
         super().__init__(self, None)
@@ -63,6 +68,7 @@ class Taskmill(TaskOperations):
         self.max_params_bytes = max_params_bytes
         self.default_max_retries = default_max_retries
         self.auto_migrate = auto_migrate
+        self.strict_types = strict_types
         self.plugins = Plugins()
         """The loaded plugins (iterate for :class:`~taskmill.plugins.PluginInfo`)."""
         if isinstance(plugins, bool):
@@ -93,23 +99,46 @@ class Taskmill(TaskOperations):
             self._opened = True
         return self
 
-    def load_plugins(self) -> None:
+    def load_plugins(
+        self,
+        *,
+        strict: bool = True,
+        enable: Collection[str] | None = None,
+        disable: Collection[str] | None = None,
+        enable_from: str = ENABLE_ENV,
+        disable_from: str = DISABLE_ENV,
+    ) -> None:
         """Load the installed plugins (unless ``plugins=False``) and register every
-        plugin's handlers. :meth:`open` does it; call it yourself to see the plugins
-        (``tm.plugins``) without opening the storage. Does nothing the second time.
+        plugin's handlers. :meth:`open` does it with the defaults; call it yourself
+        first to choose otherwise, or to see the plugins (``tm.plugins``) without
+        opening the storage. Does nothing the second time.
 
-        :raises PluginError: a plugin failed to import, implements an unknown hook, or
-            its ``taskmill_register_handlers`` failed. Nothing stays loaded then, so a
-            later call starts afresh.
-        :raises HandlerConflict: a plugin registered a handler whose ``(app_id,
-            task_type)`` already has one; the message names both registrants.
+        :param strict: False leaves out a plugin that cannot be loaded, with a warning,
+            and lists it in ``tm.plugins.broken``, instead of raising (for tools that
+            only read: a worker must not run without a plugin's handlers).
+        :param enable: load only these installed plugins (default:
+            ``$TASKMILL_ENABLE_PLUGINS``, else all).
+        :param disable: skip these (default: ``$TASKMILL_DISABLE_PLUGINS``).
+        :param enable_from: how warnings name where ``enable`` came from.
+        :param disable_from: how warnings name where ``disable`` came from.
+        :raises PluginError: (``strict`` only) a plugin failed to import, implements an
+            unknown hook, or its ``taskmill_register_handlers`` failed. Nothing stays
+            loaded then, so a later call starts afresh.
+        :raises HandlerConflict: (``strict`` only) a plugin registered a handler whose
+            ``(app_id, task_type)`` already has one; the message names both registrants.
         """
         if self._plugins_loaded:
             return
         try:
             if self._discover_plugins:
-                self.plugins.load_entry_points()
-            self.plugins.register_handlers(self.registry)
+                self.plugins.load_entry_points(
+                    enable=enable,
+                    disable=disable,
+                    strict=strict,
+                    enable_from=enable_from,
+                    disable_from=disable_from,
+                )
+            self.plugins.register_handlers(self.registry, strict=strict)
         except BaseException:
             self.plugins.unload(self.registry)
             raise

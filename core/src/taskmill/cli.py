@@ -1,21 +1,34 @@
 """The ``taskmill`` command line: run workers, enqueue and inspect tasks, run the demo.
 
-``taskmill [--url URL] COMMAND ...``; the URL defaults to ``$TASKMILL_URL``, else
-``sqlite:///taskmill.db``. Every command is synchronous: it returns once its work is
-done. Exit status: 0 on success, 1 when a named task does not exist, 2 for any other
-error (a bad argument or a :class:`~taskmill.TaskmillError`, printed as
-``error: <message>`` without a traceback), 130 when interrupted.
+``taskmill [--url URL] [--config FILE] COMMAND ...``. Every command reads its settings
+(:mod:`taskmill.settings`) from the command line, else ``TASKMILL_*`` variables, else
+the configuration file (``taskmill.toml`` or ``[tool.taskmill]`` in ``pyproject.toml``
+in the current directory), else the defaults; ``taskmill config`` shows them. With no
+URL anywhere the store is ``sqlite:///taskmill.db`` in the current directory, and the
+command says so on stderr. Commands that only read (``ls``, ``show``, ``stats``, ...)
+never create a store: on a store that does not exist they say so and how to pick one.
 
-Every command loads the installed plugins (``taskmill plugins`` lists them), so a
-worker runs the handlers of every installed handler plugin. Handler modules
-(``--import MODULE``) expose ``register(tm: Taskmill) -> None``, which registers more
-handlers on the ``Taskmill`` the command built.
+Every command is synchronous: it returns once its work is done. Exit status: 0 on
+success, 1 when a named task does not exist, 2 for any other error (a bad argument or
+a :class:`~taskmill.TaskmillError`, printed as ``error: <message>`` without a
+traceback), 130 when Ctrl-C interrupts a command. ``taskmill worker`` exits 0 after a
+graceful stop (the first SIGTERM or SIGINT: every task finished or was released back to
+pending) and 128 + the signal's number (130 for SIGINT, 143 for SIGTERM) when a second
+signal forced the stop.
+
+Commands load the installed plugins (``taskmill plugins`` lists them), so a worker runs
+the handlers of every installed handler plugin. A plugin that cannot be loaded stops
+the commands that run or enqueue tasks, and is left out, with a warning, by those that
+only read. Handler modules (``--import MODULE``, or the ``imports`` setting) expose
+``register(tm: Taskmill) -> None``, which registers more handlers on the ``Taskmill``
+the command built.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import json
 import logging
@@ -23,8 +36,9 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterable, Sequence
-from datetime import datetime, timedelta
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -39,7 +53,7 @@ from rich.text import Text
 
 from taskmill.app import Taskmill
 from taskmill.discovery import DEFAULT_URL
-from taskmill.errors import TaskmillError, TaskNotFound
+from taskmill.errors import StorageUnavailable, TaskmillError, TaskNotFound
 from taskmill.model import (
     Attempt,
     CancelReason,
@@ -51,8 +65,26 @@ from taskmill.model import (
     TaskSpec,
     TaskStatus,
 )
-from taskmill.plugins import DISABLE_ENV, ENTRY_POINT_GROUP, PluginInfo
+from taskmill.operations import handler_hint, unserved_type_message
+from taskmill.plugins import ENTRY_POINT_GROUP, BrokenPlugin, PluginInfo
+from taskmill.registry import Handler
 from taskmill.serialization import to_dict
+from taskmill.settings import (
+    COMMAND_LINE,
+    CONFIG_ENV,
+    DEFAULT,
+    ENV_VARS,
+    HOST_APP,
+    LOG_FORMATS,
+    LOG_LEVELS,
+    SETTING_NAMES,
+    Settings,
+    find_config_file,
+    load_settings,
+    parse_seconds,
+    parse_setting,
+    setting_doc,
+)
 from taskmill.storage import utcnow
 from taskmill.worker import Worker
 
@@ -61,7 +93,7 @@ EXIT_NOT_FOUND = 1
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
 
-Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
+Command = Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, int]]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -70,7 +102,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     command: Command = args.command
     try:
-        return asyncio.run(command(args))
+        settings = load_settings(_command_line_settings(args), config_file=args.config)
+        if command is not _demo:
+            _configure_logging(settings)
+        return asyncio.run(command(args, settings))
     except TaskNotFound as exc:
         _error(str(exc))
         return EXIT_NOT_FOUND
@@ -86,6 +121,14 @@ def _error(message: str) -> None:
     print(f"error: {message}", file=sys.stderr)
 
 
+def _note(message: str) -> None:
+    print(f"note: {message}", file=sys.stderr)
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
 # -- argument parsing ---------------------------------------------------------------
 
 
@@ -94,16 +137,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="taskmill",
         description="Durable background tasks: run workers, enqueue and inspect tasks.",
-        epilog=f"The storage URL comes from --url, else $TASKMILL_URL, else {DEFAULT_URL}.",
+        epilog=f"The storage URL comes from --url, else $TASKMILL_URL, else the url setting "
+        f"of the configuration file, else {DEFAULT_URL}. `taskmill config` shows every "
+        "setting and where it came from; docs/configuration.md describes them.",
     )
-    parser.add_argument("--url", default=None, help=_URL_HELP)
-    # --url is accepted after the command too; SUPPRESS keeps the global one otherwise.
+    _add_global_options(parser, default=None)
+    # The global options are accepted after the command too; SUPPRESS keeps the ones
+    # given before it otherwise.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", default=argparse.SUPPRESS, help=_URL_HELP)
+    _add_global_options(common, default=argparse.SUPPRESS)
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
 
-    def add(name: str, command: Command, summary: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, parents=[common], help=summary, description=summary)
+    def add(
+        name: str, command: Command, summary: str, description: str = ""
+    ) -> argparse.ArgumentParser:
+        sub = commands.add_parser(
+            name,
+            parents=[common],
+            help=summary,
+            description=f"{summary} {description}".strip(),
+        )
         sub.set_defaults(command=command)
         return sub
 
@@ -121,43 +174,83 @@ def build_parser() -> argparse.ArgumentParser:
         help="how many tasks to enqueue (default 40)",
     )
     cmd.add_argument(
-        "--concurrency", type=_positive_int, default=8, metavar="N", help="worker slots (default 8)"
+        "--concurrency",
+        dest="demo_concurrency",
+        type=_positive_int,
+        default=8,
+        metavar="N",
+        help="worker slots (default 8)",
     )
 
-    cmd = add("worker", _worker, "Run a worker with the handlers of the given modules.")
-    cmd.add_argument(
-        "--concurrency",
-        type=_positive_int,
-        default=10,
-        metavar="N",
-        help="tasks run at once (default 10)",
+    cmd = add(
+        "worker",
+        _worker,
+        "Run a worker: claim tasks and run them with the handlers of the installed "
+        "plugins (see `taskmill plugins`) and of the --import modules.",
+        "A plugin that cannot be loaded stops it (skip one with TASKMILL_DISABLE_PLUGINS). "
+        "One slot is reserved for tasks of priority >= user_action by default, so "
+        "--concurrency 2 runs one normal-priority task at a time (and --concurrency 1 "
+        "reserves none); set --reserved-high 0 to use every slot for any task. "
+        "SIGTERM/SIGINT stop it gracefully (exit status 0); a second signal stops it at "
+        "once (exit status 128 + the signal's number). Options not given here come from "
+        "TASKMILL_* variables or the configuration file (`taskmill config`).",
     )
-    cmd.add_argument(
+    _add_setting(cmd, "--concurrency", "concurrency", "N", "tasks run at once")
+    _add_setting(
+        cmd,
         "--reserved-high",
-        type=_non_negative_int,
-        default=1,
-        metavar="N",
-        help="slots kept for tasks of priority >= USER_ACTION (default 1)",
+        "reserved_high_priority_slots",
+        "N",
+        "slots only tasks of priority >= user_action may take (default: 1 when "
+        "--concurrency is more than 1, else 0; so --concurrency 2 runs one normal task "
+        "at a time); at most concurrency - 1",
     )
     cmd.add_argument(
         "--until-idle",
         action="store_true",
-        help="exit once no task of this worker's types is due soon",
+        help="exit once no task of this worker's types is due soon, then report pending "
+        "tasks no handler of this worker serves",
     )
-    cmd.add_argument(
+    _add_setting(
+        cmd,
         "--lease",
-        type=_positive_float,
-        default=30.0,
-        metavar="SECONDS",
-        help="lease length; a crashed worker's tasks run again after it (default 30)",
+        "lease_seconds",
+        "SECONDS",
+        "lease length; a crashed worker's tasks run again after it",
+    )
+    _add_setting(
+        cmd,
+        "--shutdown-grace",
+        "shutdown_grace",
+        "SECONDS",
+        "on SIGTERM/SIGINT, how long running tasks may finish before they are put back to pending",
+    )
+    _add_setting(
+        cmd, "--poll-interval", "poll_interval", "SECONDS", "longest wait between polls when idle"
+    )
+    _add_setting(
+        cmd,
+        "--cancel-check-interval",
+        "cancel_check_interval",
+        "SECONDS",
+        "how often running tasks are checked for cancel requests",
     )
     cmd.add_argument(
-        "--shutdown-grace",
-        type=_non_negative_float,
-        default=30.0,
-        metavar="SECONDS",
-        help="on SIGTERM/SIGINT, how long running tasks "
-        "may finish before they are put back to pending (default 30)",
+        "--task-type",
+        dest="task_types",
+        action="append",
+        default=None,
+        metavar="TYPE",
+        help="claim only tasks of this type; repeatable (default: every type with a handler)",
+    )
+    cmd.add_argument(
+        "--app-id",
+        dest="app_ids",
+        action="append",
+        default=None,
+        metavar="APP",
+        help=f"claim only with the handlers of this app ({HOST_APP}: the host's own "
+        "handlers); repeatable (default: all)",
     )
     _add_handler_options(cmd)
 
@@ -197,7 +290,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cmd.add_argument("--user-id", default=None, help="who asked for the task")
     cmd.add_argument("--json", action="store_true", help="print the task as JSON")
-    _add_handler_options(cmd, purpose="so that the task gets its handler's max_retries")
+    _add_handler_options(
+        cmd,
+        purpose="so that the task gets its handler's max_retries and no warning says "
+        "that no handler serves it",
+    )
 
     cmd = add("ls", _ls, "List tasks, newest first.")
     cmd.add_argument(
@@ -287,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
         "plugins",
         _plugins,
         "List the installed plugins: distribution, version, hooks and the handlers each "
-        "registered.",
+        "registered; then the plugins that are disabled or failed to load.",
     )
     cmd.add_argument("--json", action="store_true", help="print the list as JSON")
 
@@ -303,10 +400,75 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("--app-id", default=None, help="only this app's tasks")
     cmd.add_argument("--user-id", default=None, help="only tasks this user asked for")
     cmd.add_argument("--json", action="store_true", help="print the counts as JSON")
+    _add_handler_options(cmd, purpose="to count pending tasks no handler serves")
+
+    cmd = add(
+        "config",
+        _config,
+        "Print the effective settings and where each came from (command line, "
+        "environment variable, configuration file or default).",
+    )
+    cmd.add_argument("--json", action="store_true", help="print the settings as JSON")
     return parser
 
 
-_URL_HELP = f"storage URL (default: $TASKMILL_URL, else {DEFAULT_URL})"
+def _add_global_options(parser: argparse.ArgumentParser, default: Any) -> None:
+    parser.add_argument(
+        "--url",
+        default=default,
+        help=f"storage URL (default: $TASKMILL_URL, else the configuration file's url, "
+        f"else {DEFAULT_URL})",
+    )
+    parser.add_argument(
+        "--config",
+        default=default,
+        metavar="FILE",
+        help=f"the configuration file (default: ${CONFIG_ENV}, else taskmill.toml, else "
+        "[tool.taskmill] of pyproject.toml, in the current directory)",
+    )
+    parser.add_argument(
+        "--log-level",
+        dest="log_level",
+        default=default,
+        type=_setting_type("log_level"),
+        metavar="LEVEL",
+        help=f"{'/'.join(LOG_LEVELS).lower()} (default info)",
+    )
+    parser.add_argument(
+        "--log-format",
+        dest="log_format",
+        default=default,
+        type=_setting_type("log_format"),
+        metavar="FORMAT",
+        help=f"{' or '.join(LOG_FORMATS)}: one JSON object per line (default plain)",
+    )
+
+
+def _setting_type(name: str) -> Callable[[str], Any]:
+    """An argparse ``type`` that reads setting ``name`` like its variable is read."""
+
+    def parse(text: str) -> Any:
+        try:
+            return parse_setting(name, text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+def _add_setting(
+    cmd: argparse.ArgumentParser, flag: str, name: str, metavar: str, text: str
+) -> None:
+    default = getattr(Settings(), name)
+    shown = "" if default is None or "default" in text else f" (default {default:g})"
+    cmd.add_argument(
+        flag,
+        dest=name,
+        type=_setting_type(name),
+        default=None,
+        metavar=metavar,
+        help=f"{text}{shown}; also {ENV_VARS[name]}",
+    )
 
 
 def _add_handler_options(cmd: argparse.ArgumentParser, purpose: str = "") -> None:
@@ -316,10 +478,30 @@ def _add_handler_options(cmd: argparse.ArgumentParser, purpose: str = "") -> Non
         dest="imports",
         action="extend",
         nargs="+",
-        default=[],
+        default=None,
         metavar="MODULE",
-        help=f"import MODULE and call its register(tm) to register handlers{suffix}; repeatable",
+        help=f"import MODULE and call its register(tm) to register handlers{suffix}; "
+        "repeatable (default: the imports setting)",
     )
+
+
+def _command_line_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings the command line gave (None: not given)."""
+    given: dict[str, Any] = {}
+    for name in SETTING_NAMES:
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        if name == "app_ids":
+            value = parse_setting(name, ",".join(value))
+        elif name == "task_types" and args.command is _worker:
+            value = tuple(dict.fromkeys(value))
+        elif name == "task_types":
+            continue  # ls/stats/cancel --type is a filter of that command, not a setting
+        elif name == "imports":
+            value = tuple(dict.fromkeys(value))
+        given[name] = value
+    return given
 
 
 def _positive_int(text: str) -> int:
@@ -341,13 +523,6 @@ def _int(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-
-
-def _positive_float(text: str) -> float:
-    value = _float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
-    return value
 
 
 def _non_negative_float(text: str) -> float:
@@ -401,16 +576,49 @@ def _status(text: str) -> TaskStatus:
         ) from None
 
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
 def _duration(text: str) -> timedelta:
-    number, unit = (text[:-1], text[-1]) if text[-1:].isalpha() else (text, "s")
-    if unit not in _UNITS:
+    try:
+        seconds = parse_seconds(text)
+    except (ValueError, IndexError):
+        seconds = -1.0
+    if seconds < 0:
         raise argparse.ArgumentTypeError(
             f"not a duration: {text!r}; use seconds or a number with s, m, h, d or w"
         )
-    return timedelta(seconds=_non_negative_float(number) * _UNITS[unit])
+    return timedelta(seconds=seconds)
+
+
+# -- logging ------------------------------------------------------------------------
+
+
+class _JsonLines(logging.Formatter):
+    """One JSON object per record: time (UTC, ISO 8601), level, logger, message, and
+    the traceback as ``exc`` when there is one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def _configure_logging(settings: Settings) -> None:
+    """Log to stderr at the configured level, as plain lines or JSON lines."""
+    handler = logging.StreamHandler(sys.stderr)
+    if settings.log_format == "json":
+        handler.setFormatter(_JsonLines())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(settings.log_level)
 
 
 # -- output helpers -----------------------------------------------------------------
@@ -523,6 +731,169 @@ def _load_handlers(tm: Taskmill, modules: Iterable[str]) -> None:
         register(tm)
 
 
+def _new_taskmill(settings: Settings, *, plugins: bool = True) -> Taskmill:
+    """The ``Taskmill`` the settings describe (not open, no plugins loaded yet)."""
+    tm = Taskmill(settings.url, plugins=plugins, **settings.taskmill_options())
+    if settings.source("url") == DEFAULT:
+        default_file = os.path.abspath(DEFAULT_URL.removeprefix("sqlite:///"))
+        _note(
+            f"using the default store {DEFAULT_URL} ({default_file}): no --url, "
+            "$TASKMILL_URL or url setting names one"
+        )
+    return tm
+
+
+def _load_plugins(tm: Taskmill, settings: Settings, *, strict: bool) -> None:
+    """Load the plugins the settings allow; ``strict`` False leaves out a plugin that
+    cannot be loaded, with a warning, instead of failing the command."""
+    tm.load_plugins(
+        strict=strict,
+        enable=settings.enable_plugins,
+        disable=settings.disable_plugins,
+        enable_from=_origin(settings, "enable_plugins"),
+        disable_from=_origin(settings, "disable_plugins"),
+    )
+
+
+def _origin(settings: Settings, name: str) -> str:
+    """How messages name where setting ``name`` came from."""
+    source = settings.source(name)
+    if source == DEFAULT:
+        return f"the default {name}"
+    if source == COMMAND_LINE:
+        return f"the command line's {name}"
+    if source == ENV_VARS.get(name):
+        return source
+    return f"{name} in {source}"
+
+
+@contextlib.asynccontextmanager
+async def _open(
+    settings: Settings,
+    command: str,
+    *,
+    reads: bool,
+    handlers: bool = False,
+    strict_plugins: bool = True,
+) -> AsyncIterator[Taskmill]:
+    """The open ``Taskmill`` of a command, closed afterwards.
+
+    :param reads: the command only works on tasks already stored: a store that does not
+        exist is an error that says how to pick one, never created empty.
+    :param handlers: import the handler modules of the ``imports`` setting.
+    :param strict_plugins: a plugin that cannot be loaded fails the command (False:
+        it is left out with a warning).
+    """
+    tm = _new_taskmill(settings)
+    if handlers:
+        _load_handlers(tm, settings.imports)
+    _load_plugins(tm, settings, strict=strict_plugins)
+    if reads and not await tm.storage.exists():
+        raise StorageUnavailable(_no_store(tm, settings, command))
+    async with tm:
+        yield tm
+
+
+def _no_store(tm: Taskmill, settings: Settings, command: str) -> str:
+    source = settings.source("url")
+    if source == DEFAULT:
+        where = f"{DEFAULT_URL} ({os.path.abspath(DEFAULT_URL.removeprefix('sqlite:///'))})"
+    else:
+        where = f"{_redacted(tm.url)} (from {'--url' if source == COMMAND_LINE else source})"
+    return (
+        f"there is no taskmill store at {where}; `taskmill {command}` only reads and does "
+        "not create one. Pick the store with --url URL, $TASKMILL_URL or the url setting "
+        f"of {CONFIG_FILE_HINT} (`taskmill config` shows the settings), or create this "
+        "one with `taskmill migrate`"
+    )
+
+
+CONFIG_FILE_HINT = "taskmill.toml"
+
+
+def _label(key: tuple[str | None, str]) -> str:
+    app_id, task_type = key
+    return task_type if app_id is None else f"{app_id}/{task_type}"
+
+
+async def _pending_of(tm: Taskmill, pending: TaskFilter, app_id: str | None, task_type: str) -> int:
+    """Pending tasks of ``task_type`` (of ``app_id``; None: of every app) within
+    ``pending``."""
+    if pending.task_types is not None and task_type not in pending.task_types:
+        return 0
+    if app_id is not None and pending.app_id not in (None, app_id):
+        return 0
+    scope = attrs.evolve(pending, task_types=(task_type,), app_id=app_id or pending.app_id)
+    return (await tm.progress_summary(scope)).pending
+
+
+_UNSERVED_SCAN = 5000
+"""How many pending tasks are read, at most, to name the types no handler serves."""
+
+
+async def _unserved_pending(
+    tm: Taskmill, served: Sequence[Handler], scope: TaskFilter
+) -> tuple[int, Counter[tuple[str | None, str]], bool]:
+    """Pending tasks within ``scope`` that none of the ``served`` handlers would run.
+
+    :returns: how many there are (counted by the store), their ``(app_id,
+        task_type)`` keys with counts among the first pending tasks read, and whether
+        those counts cover them all.
+    """
+    pending = attrs.evolve(scope, statuses=(TaskStatus.PENDING,))
+    total = (await tm.progress_summary(pending)).pending
+    if not total:
+        return 0, Counter(), True
+    served_keys = {h.key for h in served}
+    app_keys = [h.key for h in tm.registry if h.app_id is not None]
+    count = 0
+    for app_id, task_type in served_keys:
+        count += await _pending_of(tm, pending, app_id, task_type)
+        if app_id is None:
+            # An app with a handler of its own for the type is not served by the
+            # host's: its tasks count only when that handler is served (above).
+            for other, same in app_keys:
+                if same == task_type:
+                    count -= await _pending_of(tm, pending, other, same)
+    unserved = total - count
+    keys: Counter[tuple[str | None, str]] = Counter()
+    if unserved <= 0:
+        return 0, keys, True
+    read = 0
+    while read < min(total, _UNSERVED_SCAN):
+        page = await tm.query(pending, limit=500, offset=read)
+        if not page:
+            break
+        read += len(page)
+        for task in page:
+            handler = tm.registry.lookup(task.app_id, task.task_type)
+            if handler is None or handler.key not in served_keys:
+                keys[(task.app_id, task.task_type)] += 1
+    return unserved, keys, read >= total
+
+
+async def _report_unserved(
+    tm: Taskmill, served: Sequence[Handler], scope: TaskFilter, whose: str
+) -> None:
+    """Say on stderr how many pending tasks no handler of ``whose`` serves, and of
+    which types (with close matches among the handlers' types)."""
+    unserved, keys, complete = await _unserved_pending(tm, served, scope)
+    if not unserved:
+        return
+    parts = []
+    for (app_id, task_type), n in keys.most_common(10):
+        name = repr(task_type) + ("" if app_id is None else f" of app {app_id!r}")
+        hint = handler_hint(served, app_id, task_type)
+        count = f"{n}{'' if complete else '+'} task{'' if n == 1 and complete else 's'}"
+        parts.append(f"{name} ({count}{'; ' + hint if hint else ''})")
+    types = f": {', '.join(parts)}" if parts else ""
+    _warn(
+        f"{unserved} pending task{'' if unserved == 1 else 's'} of types no handler "
+        f"{whose} serves{types}; they wait for a worker with handlers for them "
+        "(installed plugins, --import modules or the imports setting)"
+    )
+
+
 async def _find_task(tm: Taskmill, ref: str) -> Task:
     """The task whose id is ``ref``, or whose id starts with ``ref`` (as ``ls`` prints).
 
@@ -554,35 +925,33 @@ async def _find_task(tm: Taskmill, ref: str) -> Task:
 # -- commands -----------------------------------------------------------------------
 
 
-async def _worker(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    tm = Taskmill(args.url)
-    _load_handlers(tm, args.imports)
-    async with tm:
+async def _worker(args: argparse.Namespace, settings: Settings) -> int:
+    async with _open(settings, "worker", reads=False, handlers=True) as tm:
         if not len(tm.registry):
             raise TaskmillError(
                 "no handlers to run: pass --import MODULE (a module with a register(tm) "
-                "function), or install a handler plugin (see `taskmill plugins`)"
+                "function), set the imports setting, or install a handler plugin (see "
+                "`taskmill plugins`)"
             )
-        worker = tm.worker(
-            concurrency=args.concurrency,
-            reserved_high_priority_slots=args.reserved_high,
-            lease_seconds=args.lease,
-            shutdown_grace=args.shutdown_grace,
-        )
-        types = ", ".join(
-            sorted(
-                h.task_type if h.app_id is None else f"{h.app_id}/{h.task_type}"
-                for h in tm.registry
+        try:
+            worker = tm.worker(**settings.worker_options())
+        except ValueError as exc:
+            raise TaskmillError(str(exc)) from None
+        served = worker.served_handlers()
+        if not served:
+            raise TaskmillError(
+                f"no handler matches the worker's filters (task types: "
+                f"{', '.join(settings.task_types or ['any'])}; apps: "
+                f"{', '.join(a or HOST_APP for a in settings.app_ids or ['any'])}); the "
+                f"handlers are: {', '.join(sorted(_label(h.key) for h in tm.registry))}"
             )
-        )
+        reserved = worker.reserved_high_priority_slots
+        slots = f"concurrency {worker.concurrency}"
+        if reserved:
+            slots += f" ({reserved} reserved for priority >= user_action)"
         print(
-            f"worker {worker.worker_id} on {_redacted(tm.url)}: concurrency "
-            f"{worker.concurrency}, handlers: {types}",
+            f"worker {worker.worker_id} on {_redacted(tm.url)}: {slots}, handlers: "
+            f"{', '.join(sorted(_label(h.key) for h in served))}",
             file=sys.stderr,
         )
         if args.until_idle:
@@ -591,13 +960,15 @@ async def _worker(args: argparse.Namespace) -> int:
             await worker.run()
         attempts = f"{worker.processed} attempt{'' if worker.processed == 1 else 's'}"
         print(f"worker {worker.worker_id} stopped after {attempts}", file=sys.stderr)
+        if args.until_idle and worker.stop_signal is None:
+            await _report_unserved(tm, served, TaskFilter(), "of this worker")
+    if worker.forced and worker.stop_signal is not None:
+        return 128 + int(worker.stop_signal)
     return EXIT_OK
 
 
-async def _enqueue(args: argparse.Namespace) -> int:
-    tm = Taskmill(args.url)
-    _load_handlers(tm, args.imports)
-    async with tm:
+async def _enqueue(args: argparse.Namespace, settings: Settings) -> int:
+    async with _open(settings, "enqueue", reads=False, handlers=True) as tm:
         task = await tm.enqueue(
             args.task_type,
             args.params,
@@ -608,6 +979,13 @@ async def _enqueue(args: argparse.Namespace) -> int:
             max_retries=args.max_retries,
             user_id=args.user_id,
         )
+        if tm.registry.lookup(task.app_id, task.task_type) is None:
+            _warn(
+                f"{unserved_type_message(tm.registry, task.app_id, task.task_type)}. The "
+                "task is stored and stays pending until a worker with a handler for it "
+                "runs (handlers come from installed plugins, --import modules or the "
+                "imports setting)"
+            )
     if args.json:
         _print_json(to_dict(task))
     else:
@@ -621,11 +999,11 @@ async def _enqueue(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _ls(args: argparse.Namespace) -> int:
+async def _ls(args: argparse.Namespace, settings: Settings) -> int:
     selection = TaskFilter(
         app_id=args.app_id, task_types=args.task_types, statuses=args.statuses, user_id=args.user_id
     )
-    async with Taskmill(args.url) as tm:
+    async with _open(settings, "ls", reads=True, strict_plugins=False) as tm:
         tasks = await tm.query(selection, limit=args.limit, newest_first=True)
     if args.json:
         _print_json([to_dict(t) for t in tasks])
@@ -664,8 +1042,8 @@ async def _ls(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _show(args: argparse.Namespace) -> int:
-    async with Taskmill(args.url) as tm:
+async def _show(args: argparse.Namespace, settings: Settings) -> int:
+    async with _open(settings, "show", reads=True, strict_plugins=False) as tm:
         task = await _find_task(tm, args.task_id)
         attempts = await tm.attempts(task.id)
     if args.json:
@@ -741,20 +1119,20 @@ def _attempt_log(attempts: Sequence[Attempt]) -> Table:
     return table
 
 
-async def _retry(args: argparse.Namespace) -> int:
-    async with Taskmill(args.url) as tm:
+async def _retry(args: argparse.Namespace, settings: Settings) -> int:
+    async with _open(settings, "retry", reads=True) as tm:
         task = await _find_task(tm, args.task_id)
         task = await tm.retry(task.id)
     print(f"{task.id} {task.status.value}")
     return EXIT_OK
 
 
-async def _cancel(args: argparse.Namespace) -> int:
+async def _cancel(args: argparse.Namespace, settings: Settings) -> int:
     reason = CancelReason(args.reason)
     cascade = not args.no_cascade
     if (args.task_id is None) == (not args.task_types):
         raise TaskmillError("give a TASK_ID or --type (not both)")
-    async with Taskmill(args.url) as tm:
+    async with _open(settings, "cancel", reads=True) as tm:
         if args.task_id is not None:
             task = await _find_task(tm, args.task_id)
             task = await tm.cancel(task.id, reason=reason, cascade=cascade)
@@ -774,8 +1152,8 @@ def _scope_text(task_type: str | None, app_id: str | None) -> str:
     return what + (f" of app {app_id!r}" if app_id else "")
 
 
-async def _suspend(args: argparse.Namespace) -> int:
-    async with Taskmill(args.url) as tm:
+async def _suspend(args: argparse.Namespace, settings: Settings) -> int:
+    async with _open(settings, "suspend", reads=False) as tm:
         interrupted = await tm.suspend(args.task_type, app_id=args.app_id)
     print(
         f"suspended {_scope_text(args.task_type, args.app_id)}; "
@@ -784,8 +1162,8 @@ async def _suspend(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _resume(args: argparse.Namespace) -> int:
-    async with Taskmill(args.url) as tm:
+async def _resume(args: argparse.Namespace, settings: Settings) -> int:
+    async with _open(settings, "resume", reads=True) as tm:
         existed = await tm.resume(args.task_type, app_id=args.app_id)
     scope = _scope_text(args.task_type, args.app_id)
     if not existed:
@@ -795,8 +1173,8 @@ async def _resume(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _suspensions(args: argparse.Namespace) -> int:
-    async with Taskmill(args.url) as tm:
+async def _suspensions(args: argparse.Namespace, settings: Settings) -> int:
+    async with _open(settings, "suspensions", reads=True, strict_plugins=False) as tm:
         scopes = await tm.suspensions()
     for scope in scopes:
         print(_scope_text(scope.task_type, scope.app_id))
@@ -805,16 +1183,16 @@ async def _suspensions(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _cleanup(args: argparse.Namespace) -> int:
-    async with Taskmill(args.url) as tm:
+async def _cleanup(args: argparse.Namespace, settings: Settings) -> int:
+    async with _open(settings, "cleanup", reads=True) as tm:
         deleted = await tm.cleanup(args.older_than, include_failed=args.include_failed)
     print(f"deleted {deleted} tasks")
     return EXIT_OK
 
 
-async def _migrate(args: argparse.Namespace) -> int:
+async def _migrate(args: argparse.Namespace, settings: Settings) -> int:
     # Not through open(): it refuses the older schema this command is there to upgrade.
-    tm = Taskmill(args.url, plugins=False)
+    tm = _new_taskmill(settings, plugins=False)
     try:
         version = await tm.storage.migrate()
     finally:
@@ -823,23 +1201,59 @@ async def _migrate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _plugins(args: argparse.Namespace) -> int:
+async def _plugins(args: argparse.Namespace, settings: Settings) -> int:
     # The plugins do not depend on the storage: list them without touching it.
     tm = Taskmill("memory://")
-    tm.load_plugins()
+    _load_plugins(tm, settings, strict=False)
     plugins = list(tm.plugins)
-    disabled = list(tm.plugins.disabled)
+    listed = tm.plugins
     if args.json:
-        _print_json({"plugins": [_plugin_document(p) for p in plugins], "disabled": disabled})
+        _print_json(
+            {
+                "plugins": [_plugin_document(p) for p in plugins],
+                "disabled": list(listed.disabled),
+                "not_enabled": list(listed.not_enabled),
+                "broken": [attrs.asdict(b) for b in listed.broken],
+                "unmatched": list(listed.unmatched),
+            }
+        )
         return EXIT_OK
     console = _console()
     if plugins:
         console.print(_plugin_table(plugins))
-    else:
-        console.print(f"no plugins installed (entry-point group {ENTRY_POINT_GROUP})")
-    if disabled:
-        console.print(f"disabled by {DISABLE_ENV}: {', '.join(disabled)}")
+    elif not listed.broken:
+        console.print(f"no plugins loaded (entry-point group {ENTRY_POINT_GROUP})")
+    if listed.broken:
+        console.print(_broken_table(listed.broken))
+    if listed.disabled:
+        console.print(
+            f"disabled by {_origin(settings, 'disable_plugins')}: {', '.join(listed.disabled)}"
+        )
+    if listed.not_enabled:
+        console.print(
+            f"not enabled by {_origin(settings, 'enable_plugins')}: {', '.join(listed.not_enabled)}"
+        )
     return EXIT_OK
+
+
+def _broken_table(broken: Sequence[BrokenPlugin]) -> Table:
+    table = Table(
+        title="failed to load",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+    )
+    for name in ("plugin", "distribution", "version", "error"):
+        table.add_column(name, no_wrap=name != "error", overflow="fold")
+    for plugin in broken:
+        table.add_row(
+            Text(plugin.name),
+            Text(plugin.distribution or "-"),
+            Text(plugin.version or "-"),
+            Text(plugin.error, style="red"),
+        )
+    return table
 
 
 def _plugin_document(plugin: PluginInfo) -> dict[str, Any]:
@@ -880,7 +1294,7 @@ def _plugin_table(plugins: Sequence[PluginInfo]) -> Table:
     return table
 
 
-async def _stats(args: argparse.Namespace) -> int:
+async def _stats(args: argparse.Namespace, settings: Settings) -> int:
     base = TaskFilter(app_id=args.app_id, user_id=args.user_id)
     scopes: list[tuple[str, TaskFilter]] = [
         (task_type, attrs.evolve(base, task_types=(task_type,)))
@@ -890,12 +1304,19 @@ async def _stats(args: argparse.Namespace) -> int:
         scopes.append(
             ("all" if not scopes else "total", attrs.evolve(base, task_types=args.task_types))
         )
-    async with Taskmill(args.url) as tm:
+    async with _open(settings, "stats", reads=True, handlers=True, strict_plugins=False) as tm:
         summaries = [(name, await tm.progress_summary(scope)) for name, scope in scopes]
-    if args.json:
-        _print_json({name: dict(to_dict(s), pct=s.pct) for name, s in summaries})
-        return EXIT_OK
-    _console().print(_summary_table(summaries))
+        if args.json:
+            _print_json({name: dict(to_dict(s), pct=s.pct) for name, s in summaries})
+        else:
+            _console().print(_summary_table(summaries))
+        sys.stdout.flush()
+        await _report_unserved(
+            tm,
+            list(tm.registry),
+            attrs.evolve(base, task_types=args.task_types),
+            "loaded here",
+        )
     return EXIT_OK
 
 
@@ -918,6 +1339,63 @@ def _summary_table(summaries: Sequence[tuple[str, ProgressSummary]]) -> Table:
     return table
 
 
+async def _config(args: argparse.Namespace, settings: Settings) -> int:
+    path, how = find_config_file(args.config)
+    rows = [
+        (name, DEFAULT_URL if name == "url" and value is None else value, source)
+        for name, value, source in settings.as_rows()
+    ]
+    rows = [
+        (name, _redacted(value) if name == "url" else value, source) for name, value, source in rows
+    ]
+    if args.json:
+        _print_json(
+            {
+                "config_file": None if path is None else str(path),
+                "config_file_found": how,
+                "settings": {
+                    name: {
+                        "value": list(value) if isinstance(value, tuple) else value,
+                        "source": source,
+                        "env": ENV_VARS.get(name),
+                    }
+                    for name, value, source in rows
+                },
+            }
+        )
+        return EXIT_OK
+    console = _console()
+    console.print(Text(f"configuration file: {path or 'none'} ({how})"))
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("setting", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    table.add_column("from", no_wrap=True)
+    table.add_column("meaning", overflow="fold")
+    for name, value, source in rows:
+        table.add_row(
+            Text(name),
+            Text(_setting_text(name, value)),
+            Text(source, style="dim" if source == DEFAULT else "bold"),
+            Text(setting_doc(name) if name in SETTING_NAMES else "storage option", style="dim"),
+        )
+    console.print(table)
+    return EXIT_OK
+
+
+def _setting_text(name: str, value: Any) -> str:
+    if value is None:
+        return {"reserved_high_priority_slots": "auto", "rescue_interval": "auto"}.get(
+            name, "off" if name == "cleanup_older_than" else "all" if name.endswith("s") else "-"
+        )
+    if isinstance(value, tuple):
+        return ", ".join(HOST_APP if v is None else str(v) for v in value) or "(none)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
 # -- the demo -----------------------------------------------------------------------
 
 
@@ -934,18 +1412,18 @@ class _TypeTally:
     mean_attempt_seconds: float | None
 
 
-async def _demo(args: argparse.Namespace) -> int:
+async def _demo(args: argparse.Namespace, settings: Settings) -> int:
     run = f"demo-{uuid.uuid4().hex[:8]}"
     console = _console()
     _quiet_worker_logs(console)
-    tm = Taskmill(args.url)
+    tm = _new_taskmill(settings)
     # Plugins first: without a demo plugin there is nothing to do, and no database to
     # create. The run's tasks carry its id as user_id: everything below counts only
     # them, so tasks an earlier run left in the same database do not skew the numbers.
-    tm.load_plugins()
+    _load_plugins(tm, settings, strict=True)
     found = await tm.plugins.demo_workload(args.tasks, run, uuid.uuid4().int)
     if found is None:
-        raise TaskmillError(_no_demo_plugin(tm))
+        raise TaskmillError(_no_demo_plugin(tm, settings))
     workload, plugin = found
     async with tm:
         console.print(
@@ -953,13 +1431,13 @@ async def _demo(args: argparse.Namespace) -> int:
                 "taskmill demo ",
                 (run, "bold"),
                 f": {len(workload)} tasks of {plugin.label} on {_redacted(tm.url)}, "
-                f"{args.concurrency} worker slots",
+                f"{args.demo_concurrency} worker slots",
             )
         )
         await tm.enqueue_many(workload)
         run_filter = TaskFilter(user_id=run)
         worker = tm.worker(
-            concurrency=args.concurrency,
+            concurrency=args.demo_concurrency,
             progress_interval=0.2,
             poll_interval=0.25,
             shutdown_grace=5.0,
@@ -993,11 +1471,16 @@ async def _demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _no_demo_plugin(tm: Taskmill) -> str:
+def _no_demo_plugin(tm: Taskmill, settings: Settings) -> str:
     if "demo" in tm.plugins.disabled:
         return (
-            f"taskmill demo runs the tasks of the taskmill-demo plugin, which {DISABLE_ENV} "
-            "disables; take 'demo' out of it"
+            "taskmill demo runs the tasks of the taskmill-demo plugin, which "
+            f"{_origin(settings, 'disable_plugins')} disables; take 'demo' out of it"
+        )
+    if "demo" in tm.plugins.not_enabled:
+        return (
+            "taskmill demo runs the tasks of the taskmill-demo plugin, which "
+            f"{_origin(settings, 'enable_plugins')} leaves out; add 'demo' to it"
         )
     return (
         "taskmill demo runs the tasks of the taskmill-demo plugin, which is not installed "

@@ -38,14 +38,32 @@ def resolve_url(url: str | None) -> str:
 def url_scheme(url: str) -> str:
     """The lowercase scheme of a storage URL.
 
-    :raises InvalidURL: the URL has no scheme.
+    :raises InvalidURL: the URL has no scheme; for what looks like a file path, the
+        message offers the ``sqlite:///`` URL of that file.
     """
     if not isinstance(url, str) or "://" not in url:
+        hint = ""
+        if isinstance(url, str) and _looks_like_a_path(url):
+            hint = f"; did you mean sqlite:///{os.path.expanduser(url)}?"
         raise InvalidURL(
-            f"not a storage URL: {url!r}; expected scheme://..., e.g. "
-            "sqlite:///tasks.db, memory://, postgresql://user@host/db"
+            f"not a storage URL: {url!r}{hint}; expected scheme://..., e.g. "
+            "sqlite:///tasks.db (a file in the current directory), "
+            "sqlite:////srv/tasks.db (an absolute path), memory://, "
+            "postgresql://user@host/db"
         )
     return urlsplit(url).scheme.lower() or url.split("://", 1)[0].lower()
+
+
+def _looks_like_a_path(text: str) -> bool:
+    """A bare file name or path, such as ``tasks.db``, ``./x/tasks.sqlite`` or
+    ``/srv/tasks.db`` (not ``host:port`` or a URL missing its ``//``)."""
+    if not text or ":" in text:
+        return False
+    return (
+        text.startswith(("/", "./", "../", "~"))
+        or text.lower().endswith((".db", ".sqlite", ".sqlite3"))
+        or os.path.exists(text)
+    )
 
 
 def _entry_point(scheme: str) -> EntryPoint | None:

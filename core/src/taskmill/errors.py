@@ -42,6 +42,16 @@ class InvalidTaskSpec(TaskmillError, ValueError):
     """A task's options are inconsistent or out of range (see the message)."""
 
 
+class UnknownTaskType(InvalidTaskSpec):
+    """No handler registered in this ``Taskmill`` serves the task type, and it was
+    built with ``strict_types=True``.
+
+    The message names close matches among the registered task types. Register the
+    handler (or load the plugin that has it) before enqueueing, or build the
+    ``Taskmill`` without ``strict_types`` when another process serves the type.
+    """
+
+
 class TaskNotFound(TaskmillError):
     """No task with that id exists (or it belongs to another app)."""
 
@@ -56,6 +66,15 @@ class HandlerConflict(TaskmillError):
 
 class InvalidHandler(TaskmillError, TypeError):
     """A handler must be a callable taking ``(ctx, params)``."""
+
+
+class ConfigurationError(TaskmillError):
+    """A setting (command-line option, ``TASKMILL_*`` variable or configuration file
+    key) has a value taskmill cannot use.
+
+    The message names where the value came from and what it expects; see
+    docs/configuration.md.
+    """
 
 
 class PluginError(TaskmillError):

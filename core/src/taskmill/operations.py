@@ -9,6 +9,7 @@ foreign task id behaves exactly like an unknown one).
 from __future__ import annotations
 
 import asyncio
+import difflib
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -17,7 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from taskmill.errors import InvalidTaskSpec, TaskmillError, TaskNotFound, WaitTimeout
+from taskmill.errors import (
+    InvalidTaskSpec,
+    TaskmillError,
+    TaskNotFound,
+    UnknownTaskType,
+    WaitTimeout,
+)
 from taskmill.model import (
     ACTIVE_STATUSES,
     Attempt,
@@ -36,9 +43,52 @@ from taskmill.storage import NewTask, StoreChange, utcnow
 
 if TYPE_CHECKING:
     from taskmill.app import Taskmill
+    from taskmill.registry import Handler, HandlerRegistry
 
 TaskSpecLike = TaskSpec | Mapping[str, Any]
 _EVENTS = frozenset({StoreChange.EVENTS})
+
+
+def handler_hint(handlers: Iterable[Handler], app_id: str | None, task_type: str) -> str:
+    """What the caller may have meant by ``task_type`` (of ``app_id``) that none of
+    ``handlers`` serves: the same type registered for other apps, else close matches
+    among the handlers' types (also written ``app/type``). Empty when nothing is close.
+    """
+    handlers = list(handlers)
+    apps = sorted({repr(h.app_id) for h in handlers if h.task_type == task_type})
+    if apps:
+        return f"it has handlers for app {' and '.join(apps)} only: give that app_id"
+    # The caller's own app first, so that a typo is matched within its app.
+    handlers.sort(key=lambda h: h.app_id != app_id)
+    types: dict[str, list[Handler]] = {}
+    for h in handlers:
+        types.setdefault(h.task_type, []).append(h)
+    close = [types[t][0] for t in difflib.get_close_matches(task_type, list(types), n=2)]
+    if not close and "/" in task_type:
+        # "app/type" written as the task type, the way listings show app handlers.
+        labels = {f"{h.app_id}/{h.task_type}": h for h in handlers if h.app_id is not None}
+        close = [labels[name] for name in difflib.get_close_matches(task_type, list(labels), n=2)]
+    named = dict.fromkeys(_handler_name(h) for h in close)
+    return f"did you mean {' or '.join(named)}?" if named else ""
+
+
+def _handler_name(handler: Handler) -> str:
+    if handler.app_id is None:
+        return repr(handler.task_type)
+    return f"{handler.task_type!r} of app {handler.app_id!r}"
+
+
+def unserved_type_message(registry: HandlerRegistry, app_id: str | None, task_type: str) -> str:
+    """Says that no handler in ``registry`` serves ``task_type`` (of ``app_id``), with
+    what the caller may have meant (see :func:`handler_hint`)."""
+    handlers = list(registry)
+    scope = f" of app {app_id!r}" if app_id is not None else ""
+    hint = handler_hint(handlers, app_id, task_type)
+    known = ", ".join(sorted(_handler_name(h) for h in handlers)) or "none"
+    return (
+        f"no handler registered here serves task type {task_type!r}{scope}"
+        f"{'; ' + hint if hint else ''} (registered: {known})"
+    )
 
 
 def event_matches(filter: TaskFilter | None, event: TaskEvent) -> bool:
@@ -121,8 +171,10 @@ class TaskOperations:
             )
             run_at = utcnow() + delay
         max_retries = spec.max_retries
+        handler = host.registry.lookup(spec.app_id, spec.task_type)
+        if handler is None and host.strict_types:
+            raise UnknownTaskType(unserved_type_message(host.registry, spec.app_id, spec.task_type))
         if max_retries is None:
-            handler = host.registry.lookup(spec.app_id, spec.task_type)
             max_retries = handler.max_retries if handler is not None else None
         if max_retries is None:
             max_retries = host.default_max_retries
@@ -168,6 +220,8 @@ class TaskOperations:
         :raises InvalidParams: params is not a JSON object or is too large.
         :raises InvalidTaskSpec: the options are inconsistent (run_at with delay, a
             naive run_at, a negative max_retries, ...).
+        :raises UnknownTaskType: the ``Taskmill`` was built with ``strict_types=True``
+            and no handler registered in it serves ``task_type``.
         """
         try:
             spec = TaskSpec(

@@ -7,9 +7,12 @@ Plugins come from the ``taskmill.plugins`` entry-point group (loaded by
 whose methods say what happened (``task_enqueued``, ``attempt_finished``, ...) and decide
 which hooks that fires. The hooks themselves are specified in :mod:`taskmill.hookspecs`.
 
-A plugin that cannot be loaded is fatal: loading raises :class:`~taskmill.PluginError`
-naming the plugin and its distribution, because a worker silently missing a plugin's
-handlers would leave that plugin's tasks unserved.
+A plugin that cannot be loaded is fatal by default: loading raises
+:class:`~taskmill.PluginError` naming the plugin and its distribution, because a worker
+silently missing a plugin's handlers would leave that plugin's tasks unserved. Commands
+that only read (``taskmill ls``, ``show``, ``stats``, ``plugins``) load with
+``strict=False`` instead: a broken plugin is left out, logged as a warning and listed in
+:attr:`Plugins.broken`, so the tool for diagnosing it still works.
 
 Hook calls are cheap when nobody listens: which plugins implement which hook is worked
 out once per registration, and the ``observes_*``/``intercepts_handlers`` flags let the
@@ -22,7 +25,7 @@ import difflib
 import inspect
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from datetime import datetime
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -43,6 +46,8 @@ if TYPE_CHECKING:
 ENTRY_POINT_GROUP = "taskmill.plugins"
 DISABLE_ENV = "TASKMILL_DISABLE_PLUGINS"
 """Comma-separated entry-point names of plugins not to load."""
+ENABLE_ENV = "TASKMILL_ENABLE_PLUGINS"
+"""Comma-separated entry-point names of the only plugins to load (unset or empty: all)."""
 
 HOOK_NAMES: tuple[str, ...] = tuple(
     name for name in vars(hookspecs) if name.startswith(f"{hookspecs.PROJECT}_")
@@ -78,9 +83,37 @@ class PluginInfo:
         return f"plugin {self.name!r} ({self.distribution} {self.version})"
 
 
+@attrs.frozen
+class BrokenPlugin:
+    """An installed plugin that could not be loaded (with ``strict=False``)."""
+
+    name: str
+    """The entry-point name."""
+    distribution: str | None
+    """The distribution that installed it."""
+    version: str | None
+    """That distribution's version."""
+    error: str
+    """Why it could not be loaded, and what to do (the :class:`PluginError` message)."""
+
+
 def disabled_names(environ: Mapping[str, str] = os.environ) -> frozenset[str]:
     """The entry-point names ``$TASKMILL_DISABLE_PLUGINS`` lists."""
     return frozenset(n.strip() for n in environ.get(DISABLE_ENV, "").split(",") if n.strip())
+
+
+def enabled_names(environ: Mapping[str, str] = os.environ) -> frozenset[str] | None:
+    """The entry-point names ``$TASKMILL_ENABLE_PLUGINS`` lists; None when it is unset
+    or empty (every plugin may load)."""
+    names = frozenset(n.strip() for n in environ.get(ENABLE_ENV, "").split(",") if n.strip())
+    return names or None
+
+
+def _broken(info: PluginInfo, error: Exception) -> BrokenPlugin:
+    log.warning("%s (left out: this command goes on without it)", error)
+    return BrokenPlugin(
+        name=info.name, distribution=info.distribution, version=info.version, error=str(error)
+    )
 
 
 def _plugin_name(plugin: object) -> str:
@@ -99,8 +132,16 @@ class Plugins:
         self._with_handlers: set[str] = set()
         self._impls: dict[str, tuple[pluggy.HookImpl, ...]] = {}
         self.disabled: tuple[str, ...] = ()
-        """Installed entry points skipped because ``$TASKMILL_DISABLE_PLUGINS`` names
-        them (filled by :meth:`load_entry_points`)."""
+        """Installed entry points skipped because the disable list
+        (``$TASKMILL_DISABLE_PLUGINS`` by default) names them (filled by
+        :meth:`load_entry_points`)."""
+        self.not_enabled: tuple[str, ...] = ()
+        """Installed entry points skipped because an enable list
+        (``$TASKMILL_ENABLE_PLUGINS`` by default) leaves them out."""
+        self.unmatched: tuple[str, ...] = ()
+        """Names in the enable or disable list that match no installed plugin."""
+        self.broken: tuple[BrokenPlugin, ...] = ()
+        """Installed plugins that failed to load with ``strict=False``."""
         self.observes_enqueues = False
         self.observes_cancels = False
         self.observes_finishes = False
@@ -128,18 +169,38 @@ class Plugins:
 
     # -- registering -----------------------------------------------------------------
 
-    def load_entry_points(self) -> None:
+    def load_entry_points(
+        self,
+        *,
+        enable: Collection[str] | None = None,
+        disable: Collection[str] | None = None,
+        strict: bool = True,
+        enable_from: str = ENABLE_ENV,
+        disable_from: str = DISABLE_ENV,
+    ) -> None:
         """Load and register every plugin of the ``taskmill.plugins`` entry-point group
-        that is not loaded yet, skipping those ``$TASKMILL_DISABLE_PLUGINS`` names.
+        that is not loaded yet, except those the lists leave out.
 
-        When one distribution is found twice on ``sys.path``, the first one wins.
+        When one distribution is found twice on ``sys.path``, the first one wins. A name
+        in either list that matches no installed plugin is logged as a warning (a typo
+        there would otherwise go unnoticed) and kept in :attr:`unmatched`.
 
-        :raises PluginError: a plugin failed to import or is not a valid plugin; the
-            plugins loaded before it stay loaded (see :meth:`unload`).
+        :param enable: load only these names (default: ``$TASKMILL_ENABLE_PLUGINS``,
+            and every plugin when that is unset).
+        :param disable: never load these names (default: ``$TASKMILL_DISABLE_PLUGINS``).
+        :param strict: False records a plugin that fails to load in :attr:`broken`
+            (with a warning) and goes on with the others, instead of raising.
+        :param enable_from: how warnings name where ``enable`` came from.
+        :param disable_from: how warnings name where ``disable`` came from.
+        :raises PluginError: (``strict`` only) a plugin failed to import or is not a
+            valid plugin; the plugins loaded before it stay loaded (see :meth:`unload`).
         """
-        skip = disabled_names()
+        skip = disabled_names() if disable is None else frozenset(disable)
+        only = enabled_names() if enable is None else frozenset(enable)
         seen: set[str] = set()
         disabled: list[str] = []
+        not_enabled: list[str] = []
+        broken = [b for b in self.broken if b.name not in self._infos]
         # By name: the load order (and so the hook order) does not depend on where on
         # sys.path each distribution happens to be.
         for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name):
@@ -149,7 +210,10 @@ class Plugins:
             if ep.name in skip:
                 disabled.append(ep.name)
                 continue
-            if ep.name in self._infos:
+            if only is not None and ep.name not in only:
+                not_enabled.append(ep.name)
+                continue
+            if ep.name in self._infos or any(b.name == ep.name for b in broken):
                 continue
             dist = ep.dist
             info = PluginInfo(
@@ -158,17 +222,38 @@ class Plugins:
                 version=dist.version if dist is not None else "?",
             )
             try:
-                plugin = ep.load()
-            except Exception as exc:
-                raise PluginError(
-                    f"{info.label} failed to import: {type(exc).__name__}: {exc} "
-                    f"(entry point {ep.name} = {ep.value} in group {ENTRY_POINT_GROUP}); "
-                    f"reinstall or remove {info.distribution}, or skip it with "
-                    f"{DISABLE_ENV}={ep.name}"
-                ) from exc
-            self._register(plugin, info)
+                try:
+                    plugin = ep.load()
+                except Exception as exc:
+                    raise PluginError(
+                        f"{info.label} failed to import: {type(exc).__name__}: {exc} "
+                        f"(entry point {ep.name} = {ep.value} in group {ENTRY_POINT_GROUP}); "
+                        f"reinstall or remove {info.distribution}, or skip it with "
+                        f"{DISABLE_ENV}={ep.name}"
+                    ) from exc
+                self._register(plugin, info)
+            except PluginError as exc:
+                if strict:
+                    raise
+                broken.append(_broken(info, exc))
+                continue
             self._from_entry_points.add(ep.name)
         self.disabled = tuple(disabled)
+        self.not_enabled = tuple(not_enabled)
+        self.broken = tuple(broken)
+        unmatched: list[str] = []
+        for names, source in ((skip, disable_from), (only or (), enable_from)):
+            for name in sorted(set(names) - seen):
+                close = difflib.get_close_matches(name, sorted(seen), n=1)
+                log.warning(
+                    "%s names %r, which matches no installed plugin%s; installed: %s",
+                    source,
+                    name,
+                    f" (did you mean {close[0]!r}?)" if close else "",
+                    ", ".join(sorted(seen)) or "none",
+                )
+                unmatched.append(name)
+        self.unmatched = tuple(unmatched)
 
     def add(self, plugin: object, name: str | None = None) -> PluginInfo:
         """Register a plugin object (a module, class instance, ...) from code.
@@ -237,14 +322,17 @@ class Plugins:
                 )
         return tuple(name for name in HOOK_NAMES if name in implemented)
 
-    def register_handlers(self, registry: HandlerRegistry) -> None:
+    def register_handlers(self, registry: HandlerRegistry, *, strict: bool = True) -> None:
         """Call ``taskmill_register_handlers`` of every plugin that has not registered
         its handlers yet, in plugin order, into ``registry``.
+
+        A plugin whose registration fails keeps none of its handlers. With ``strict``
+        False it is also unregistered and recorded in :attr:`broken` (with a warning)
+        instead of raising.
 
         :raises HandlerConflict: a plugin registered a key that already has a handler
             (the message names both registrants).
         :raises PluginError: a plugin's hook raised anything else, or is ``async``.
-        A plugin whose registration fails keeps none of its handlers.
         """
         impls = {i.plugin_name: i for i in self._impls["taskmill_register_handlers"]}
         for name, info in list(self._infos.items()):
@@ -264,14 +352,21 @@ class Plugins:
                     raise PluginError(
                         f"{info.label}: taskmill_register_handlers must be a plain def, not async"
                     )
-            except (HandlerConflict, PluginError):
-                registry.unregister_source(info.label)
-                raise
             except Exception as exc:
                 registry.unregister_source(info.label)
-                raise PluginError(
-                    f"{info.label}: taskmill_register_handlers raised {type(exc).__name__}: {exc}"
-                ) from exc
+                error = exc
+                if not isinstance(exc, HandlerConflict | PluginError):
+                    error = PluginError(
+                        f"{info.label}: taskmill_register_handlers raised "
+                        f"{type(exc).__name__}: {exc}"
+                    )
+                if strict:
+                    if error is exc:
+                        raise
+                    raise error from exc
+                self.remove(name, registry)
+                self.broken = (*self.broken, _broken(info, error))
+                continue
             self._infos[name] = attrs.evolve(info, handlers=tuple(registrar.handlers))
             self._with_handlers.add(name)
 

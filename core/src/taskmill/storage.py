@@ -248,6 +248,19 @@ class TaskStorage(abc.ABC):
     async def close(self) -> None:
         """Release connections. Safe to call twice."""
 
+    async def exists(self) -> bool:
+        """Whether the store has been created (a database file, a schema with
+        taskmill's tables), checked on a closed storage without creating or changing
+        anything. Commands that only read use it to say there is no store there
+        instead of creating an empty one.
+
+        The default answers True (a backend that cannot tell lets :meth:`open` create
+        the store); backends whose :meth:`open` creates something override it.
+
+        :raises StorageUnavailable: the database cannot be reached to tell.
+        """
+        return True
+
     @abc.abstractmethod
     async def migrate(self) -> int:
         """Apply pending schema migrations; return the schema version now in place.

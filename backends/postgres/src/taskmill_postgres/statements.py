@@ -185,10 +185,13 @@ class Statements:
             " WHEN 'complete' THEN NULL WHEN 'release' THEN NULL ELSE t.cancel_reason END,"
             " updated_at = now(), worker_id = NULL, lease_expires_at = NULL,"
             " data = coalesce(v.data::json, t.data),"
-            " progress_done = CASE WHEN v.has_progress THEN v.done ELSE t.progress_done END,"
-            " progress_total = CASE WHEN v.has_progress THEN v.total ELSE t.progress_total END,"
-            " progress_message = CASE WHEN v.has_progress THEN v.message"
-            " ELSE t.progress_message END"
+            # A requeued task (retry, release) starts its next attempt with no progress.
+            f" progress_done = CASE WHEN {k} IN ('retry', 'release') THEN 0"
+            " WHEN v.has_progress THEN v.done ELSE t.progress_done END,"
+            f" progress_total = CASE WHEN {k} IN ('retry', 'release') THEN NULL"
+            " WHEN v.has_progress THEN v.total ELSE t.progress_total END,"
+            f" progress_message = CASE WHEN {k} IN ('retry', 'release') THEN NULL"
+            " WHEN v.has_progress THEN v.message ELSE t.progress_message END"
             " FROM v WHERE t.id = v.id AND t.status = 'running' AND t.worker_id = v.worker_id"
             " AND t.attempts = v.attempt"
             f" RETURNING {columns('t')}, v.ord, t.attempts < v.attempt AS released,"
@@ -260,6 +263,10 @@ class Statements:
         # -- rescue -------------------------------------------------------------------------
         terminal_reason = "e.cancel_reason IN ('user', 'preempted')"
         stop_reason = "e.cancel_reason IN ('suspended', 'shutdown')"
+        requeue = (
+            f"NOT coalesce({terminal_reason}, false)"
+            f" AND ({stop_reason} OR t.attempts < t.max_retries + 1)"
+        )
         self.rescue = (
             "WITH e AS MATERIALIZED (SELECT seq, worker_id, attempts, started_at,"
             f" cancel_reason FROM {s}.tasks WHERE status = 'running'"
@@ -277,6 +284,9 @@ class Statements:
             f" cancel_reason = CASE WHEN {stop_reason} THEN NULL ELSE t.cancel_reason END,"
             f" finished_at = CASE WHEN {terminal_reason} OR (e.cancel_reason IS NULL"
             " AND t.attempts >= t.max_retries + 1) THEN now() ELSE NULL END,"
+            f" progress_done = CASE WHEN {requeue} THEN 0 ELSE t.progress_done END,"
+            f" progress_total = CASE WHEN {requeue} THEN NULL ELSE t.progress_total END,"
+            f" progress_message = CASE WHEN {requeue} THEN NULL ELSE t.progress_message END,"
             " updated_at = now(), worker_id = NULL, lease_expires_at = NULL"
             " FROM e WHERE t.seq = e.seq AND t.seq = ANY(ARRAY(SELECT seq FROM e))"
             f" RETURNING {columns('t')}, e.worker_id AS lost_worker, e.attempts AS lost_attempt,"

@@ -25,10 +25,12 @@ Design:
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Self, TypeAlias, TypeVar
+from urllib.parse import urlsplit
 
 import asyncpg
 from taskmill.errors import (
@@ -131,6 +133,23 @@ class _Events:
         return bool(self.seqs)
 
 
+def _password_hint(url: str) -> str:
+    """Where the refused password came from, and where a password can be given."""
+    places = (
+        "the URL (postgresql://user:password@host/db), $PGPASSWORD, or ~/.pgpass "
+        "(or the file $PGPASSFILE names)"
+    )
+    parts = urlsplit(url)
+    if parts.password is not None or "password=" in parts.query:
+        return f"the password in the URL was refused; a password is taken from {places}"
+    if os.environ.get("PGPASSWORD"):
+        return f"the password in $PGPASSWORD was refused; a password is taken from {places}"
+    return (
+        "the URL has no password and $PGPASSWORD is unset (so a ~/.pgpass entry, if any, "
+        f"was refused); give one in {places}"
+    )
+
+
 class PostgresStorage(TaskStorage):
     """Task storage in one PostgreSQL schema, shared by workers on many machines.
 
@@ -208,6 +227,8 @@ class PostgresStorage(TaskStorage):
         detail = str(exc).strip() or type(exc).__name__
         if isinstance(exc, asyncpg.exceptions.QueryCanceledError):
             detail += " (raise the statement_timeout option if this is expected)"
+        if isinstance(exc, asyncpg.exceptions.InvalidPasswordError):
+            detail += f"; {_password_hint(self.url)}"
         return StorageUnavailable(f"cannot {doing} {self.where}: {detail}")
 
     async def _connect(self) -> asyncpg.Connection[Record]:
@@ -327,6 +348,17 @@ class PostgresStorage(TaskStorage):
                 await pool.close()
         except (*_UNAVAILABLE, asyncpg.PostgresError):
             pool.terminate()
+
+    async def exists(self) -> bool:
+        """Whether the schema holds tables (taskmill's or, for :meth:`open` to refuse,
+        someone else's); connects once, creates nothing."""
+        conn = await self._connect()
+        try:
+            return bool(await schema.schema_tables(conn, self.schema))
+        except (*_UNAVAILABLE, asyncpg.PostgresError) as exc:
+            raise self._unavailable(exc, "inspect") from exc
+        finally:
+            await conn.close()
 
     async def migrate(self) -> int:
         """Apply pending migrations in one transaction and return the schema version

@@ -280,6 +280,8 @@ class MemoryStorage(TaskStorage):
         now = from_timestamp(now_ts)
         if status.terminal:
             changes["finished_at"] = now
+        elif status is _PENDING:
+            changes["progress"] = NO_PROGRESS  # the next attempt starts from nothing
         task = task.evolve(
             status=status,
             attempts=task.attempts if attempts is None else attempts,

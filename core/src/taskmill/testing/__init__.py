@@ -30,6 +30,7 @@ import pytest
 from taskmill.errors import InvalidTransition, StorageUnavailable, TaskNotFound
 from taskmill.model import (
     AttemptOutcome,
+    CancelReason,
     Priority,
     Progress,
     TaskFilter,
@@ -330,6 +331,42 @@ class StorageContract(ControlContract, ReferenceContract):
         assert again.attempts == 1
         (logged,) = await storage.attempts(task.id)
         assert logged.outcome is AttemptOutcome.INTERRUPTED
+
+    async def test_a_requeued_task_starts_its_next_attempt_with_no_progress(
+        self, storage: TaskStorage
+    ) -> None:
+        """A retry, a release, a failure turned into a release by a stop request and a
+        rescued lease each put the task back to PENDING with its progress reset (its
+        data is kept, for a handler that checkpoints); a terminal finish keeps the last
+        progress of the attempt."""
+        await storage.enqueue([new_task(max_retries=3) for _ in range(5)])
+        retried, released, stopped, completed = await storage.claim_batch(claim(limit=4))
+        (lost,) = await storage.claim_batch(claim(worker="dead", limit=1, lease=0.05))
+        half = Progress(5, 10, "halfway")
+        updates = [
+            ProgressUpdate(lease=lease_of(t), progress=half, data={"checkpoint": 5})
+            for t in (retried, released, stopped, completed, lost)
+        ]
+        assert len(await storage.save_progress(updates)) == 5
+        await storage.cancel(task_ids=[stopped.id], reason=CancelReason.SUSPENDED)
+        finished = await storage.finish_batch(
+            [
+                finish(retried, FinishKind.RETRY, error="boom", progress=Progress(6, 10)),
+                finish(released, FinishKind.RELEASE, progress=Progress(7, 10)),
+                finish(stopped, FinishKind.RETRY, error="boom", progress=Progress(8, 10)),
+                finish(completed, progress=Progress(10, 10, "done")),
+            ]
+        )
+        for task in finished[:3]:
+            assert task is not None and task.status is TaskStatus.PENDING
+            assert task.progress == Progress()
+            assert task.data == {"checkpoint": 5}
+        assert finished[3] is not None and finished[3].progress == Progress(10, 10, "done")
+        await wait_until(storage.rescue_expired)
+        for task_id in (retried.id, released.id, stopped.id, lost.id):
+            current = await storage.get(task_id)
+            assert current is not None and current.status is TaskStatus.PENDING, task_id
+            assert current.progress == Progress(), task_id
 
     async def test_timeout_outcome_is_logged(self, storage: TaskStorage) -> None:
         await storage.enqueue([new_task()])
