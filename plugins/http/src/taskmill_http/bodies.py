@@ -171,6 +171,18 @@ class SuspendBody:
     app_id: str | None = None
 
 
+@attrs.frozen
+class AppEventBody:
+    """An app entity change to publish on the event stream (``app_entity``): what
+    changed (``kind``), where (``scope``) and anything else (``payload``). Only an
+    admin token may name the ``app_id`` whose subscribers see it."""
+
+    kind: str
+    scope: str | None = None
+    payload: Any = None
+    app_id: str | None = None
+
+
 # -- responses that are not taskmill models -------------------------------------------
 
 
@@ -231,6 +243,13 @@ class Summary:
 
 
 @attrs.frozen
+class Published:
+    """Where an in-memory event went in the stream (its SSE ``id``)."""
+
+    position: str
+
+
+@attrs.frozen
 class ErrorDetail:
     """What went wrong: a stable ``code`` and a message for people."""
 
@@ -260,6 +279,7 @@ RESPONSE_MODELS: tuple[type, ...] = (
     SuspendResult,
     ResumeResult,
     Summary,
+    Published,
     ErrorDetail,
     ErrorBody,
 )

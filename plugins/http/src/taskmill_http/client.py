@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
@@ -24,6 +24,7 @@ from taskmill.model import (
     ProgressSummary,
     SuspensionScope,
     Task,
+    TaskEvent,
     TaskFilter,
     TaskSpec,
 )
@@ -265,6 +266,20 @@ class Client:
         found = await self._request("GET", "/v1/summary", params=filter_params(filter))
         found.pop("pct", None)
         return converter.structure(found, ProgressSummary)
+
+    def events(
+        self, filter: TaskFilter | None = None, *, since: int | str | None = None
+    ) -> AsyncIterator[TaskEvent]:
+        """Changes to this app's tasks, live, from ``GET /v1/events``: an endless async
+        iterator of ``TaskEvent`` (break out of it to stop). After a dropped connection
+        it reconnects and resumes from the last event it delivered, without a gap.
+
+        :param since: start after this position (an ``event.cursor`` seen earlier, or
+            an SSE id ``T.L``); default: from now.
+        """
+        from taskmill_http.events_client import task_events
+
+        return task_events(self, filter, since)
 
     # -- managing ----------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import attrs
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from taskmill.app import Taskmill
 from taskmill.errors import TaskmillError
@@ -30,12 +30,14 @@ from taskmill.serialization import dumps
 
 from taskmill_http import requests as rq
 from taskmill_http.bodies import (
+    AppEventBody,
     CancelBody,
     CancelledCount,
     CleanupBody,
     DeletedCount,
     FilterBody,
     PreemptBody,
+    Published,
     ResumeResult,
     Summary,
     SuspendBody,
@@ -44,6 +46,7 @@ from taskmill_http.bodies import (
     TaskSpecBody,
 )
 from taskmill_http.errors import ServiceError, status_of
+from taskmill_http.events import APP_ENTITY, EventHub, Position
 from taskmill_http.routes import Endpoint, Param
 from taskmill_http.tokens import Caller, Tokens
 
@@ -59,6 +62,11 @@ class Limits:
     max_items: int = 1000
     """The most tasks one batch or children request creates, and the largest page of a
     listing (413 ``too_many_items`` past it)."""
+    subscriber_queue: int = 1000
+    """Events waiting for one event-stream subscriber; past it the subscriber is told
+    to resume from its position and the stream ends."""
+    heartbeat_seconds: float = 15.0
+    """A comment line goes to an idle event stream this often, so that proxies keep it."""
 
 
 class Service:
@@ -68,6 +76,8 @@ class Service:
         self.tm = tm
         self.tokens = tokens
         self.limits = limits
+        self.hub = EventHub(tm, queue_size=limits.subscriber_queue)
+        """Fans the store's events (and in-memory ones) out to the event streams."""
 
     def authenticate(self, request: Request) -> Caller:
         """The caller the ``Authorization: Bearer`` header identifies.
@@ -90,7 +100,8 @@ class Service:
         return self.tm.for_app(caller.app_id)
 
     async def close(self) -> None:
-        """Stop what the service runs in the background (nothing yet)."""
+        """Stop what the service runs in the background and end the event streams."""
+        await self.hub.close()
 
 
 @attrs.define
@@ -289,6 +300,33 @@ async def suspensions(call: Call) -> list[SuspensionScope]:
     return await call.ops.suspensions()
 
 
+async def events(call: Call) -> Response:
+    request = call.request
+    filter = call.filter_from_query()
+    resume = request.headers.get("last-event-id") or rq.query_one(request, "since")
+    since = None if resume is None else Position.parse(resume)
+    hub = call.service.hub
+    await hub.start()
+    stream = hub.stream(
+        call.caller.app_id,
+        None if filter == TaskFilter() else filter,
+        since,
+        heartbeat=call.limits.heartbeat_seconds,
+    )
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
+
+
+async def publish_app_event(call: Call) -> Published:
+    body = rq.body_as(call.body, AppEventBody)
+    rq.refuse_app_id(call.caller.app_id, [body.app_id])
+    rq.check_identifier("kind", body.kind)
+    app_id = call.caller.app_id if call.caller.app_id is not None else body.app_id
+    data = {"app_id": app_id, "kind": body.kind, "scope": body.scope, "payload": body.payload}
+    position = call.service.hub.publish(APP_ENTITY, app_id, data)
+    return Published(position=str(position))
+
+
 _STRING = {"type": "string"}
 TASK_ID = Param("task_id", _STRING, "the task's id", where="path")
 FILTER_PARAMS = (
@@ -466,6 +504,41 @@ TASK_ENDPOINTS: tuple[Endpoint, ...] = (
     ),
 )
 
+EVENT_ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint(
+        "GET",
+        "/v1/events",
+        events,
+        "Live changes as Server-Sent Events",
+        returns=str,
+        media_type="text/event-stream",
+        raw=True,
+        params=(
+            *FILTER_PARAMS,
+            Param(
+                "since",
+                _STRING,
+                "resume after this position (an event id, T.L); the Last-Event-ID header "
+                "wins over it",
+            ),
+        ),
+        errors=(403,),
+        description="Events: job_update (a TaskEvent), external_job_update (an external "
+        "job snapshot), app_entity (published with POST /v1/app-events); ready opens the "
+        "stream and overflow ends it when the subscriber fell behind. Each event's id is "
+        "its position: reconnect with Last-Event-ID to resume without a gap.",
+    ),
+    Endpoint(
+        "POST",
+        "/v1/app-events",
+        publish_app_event,
+        "Publish an app entity change on the event stream",
+        Published,
+        status=202,
+        body=AppEventBody,
+    ),
+)
+
 
 # -- the app ---------------------------------------------------------------------------
 
@@ -523,7 +596,7 @@ def create_app(
     if not isinstance(tokens, Tokens):
         tokens = Tokens(tokens)
     service = Service(tm, tokens, limits or Limits())
-    endpoints = (*TASK_ENDPOINTS,)
+    endpoints = (*TASK_ENDPOINTS, *EVENT_ENDPOINTS)
     endpoints = (*endpoints, openapi_endpoint(endpoints))
 
     @contextlib.asynccontextmanager
