@@ -117,16 +117,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
+_messages = logging.getLogger("taskmill.cli")
+
+
+def _tell(level: int, prefix: str, message: str) -> None:
+    """A message for the user on stderr: ``prefix: message``, or, when the log is
+    JSON lines, a log record like every other line there."""
+    if any(isinstance(h.formatter, _JsonLines) for h in logging.getLogger().handlers):
+        _messages.log(level, message)
+    else:
+        print(f"{prefix}{message}", file=sys.stderr)
+
+
 def _error(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
+    _tell(logging.ERROR, "error: ", message)
 
 
 def _note(message: str) -> None:
-    print(f"note: {message}", file=sys.stderr)
+    _tell(logging.INFO, "note: ", message)
 
 
 def _warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr)
+    _tell(logging.WARNING, "warning: ", message)
+
+
+def _progress_line(message: str) -> None:
+    """A line about what a command is doing (a worker starting or stopping)."""
+    _tell(logging.INFO, "", message)
 
 
 # -- argument parsing ---------------------------------------------------------------
@@ -949,17 +966,16 @@ async def _worker(args: argparse.Namespace, settings: Settings) -> int:
         slots = f"concurrency {worker.concurrency}"
         if reserved:
             slots += f" ({reserved} reserved for priority >= user_action)"
-        print(
+        _progress_line(
             f"worker {worker.worker_id} on {_redacted(tm.url)}: {slots}, handlers: "
-            f"{', '.join(sorted(_label(h.key) for h in served))}",
-            file=sys.stderr,
+            f"{', '.join(sorted(_label(h.key) for h in served))}"
         )
         if args.until_idle:
             await worker.run_until_idle()
         else:
             await worker.run()
         attempts = f"{worker.processed} attempt{'' if worker.processed == 1 else 's'}"
-        print(f"worker {worker.worker_id} stopped after {attempts}", file=sys.stderr)
+        _progress_line(f"worker {worker.worker_id} stopped after {attempts}")
         if args.until_idle and worker.stop_signal is None:
             await _report_unserved(tm, served, TaskFilter(), "of this worker")
     if worker.forced and worker.stop_signal is not None:
@@ -991,10 +1007,9 @@ async def _enqueue(args: argparse.Namespace, settings: Settings) -> int:
     else:
         print(task.id)
     if task.alias_of is not None:
-        print(
-            f"note: an active task holds dedupe key {task.dedupe_key!r}; this task is "
-            f"an alias of {task.alias_of} and takes its outcome",
-            file=sys.stderr,
+        _note(
+            f"an active task holds dedupe key {task.dedupe_key!r}; this task is "
+            f"an alias of {task.alias_of} and takes its outcome"
         )
     return EXIT_OK
 
