@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import asyncpg
 import pytest
@@ -22,6 +22,7 @@ from taskmill.model import (
     CancelReason,
     Progress,
     SuspensionScope,
+    Task,
     TaskFilter,
     TaskStatus,
 )
@@ -599,7 +600,7 @@ async def test_one_batch_mixes_every_kind_in_order(store: PostgresStorage):
     assert [t.id if t else None for t in results] == [c.id, r.id, f.id, rel.id, can.id]
     done, retried, failed, released, cancelled = results
     assert done is not None and done.result == [1] and done.data == {"d": 1}
-    assert retried is not None and retried.progress == Progress(1, None)
+    assert retried is not None and retried.progress == Progress()  # a requeue resets it
     assert retried.attempts == 1 and retried.error == "r"
     assert retried.run_at > utcnow() + timedelta(seconds=50)
     assert failed is not None and failed.error == "f" and failed.finished_at is not None
@@ -685,6 +686,121 @@ async def test_rescue_honours_a_requested_interruption_and_its_limit(store: Post
         assert rescued[task.id].error == "lease expired"
         (lost,) = await store.attempts(task.id)
         assert lost.outcome is AttemptOutcome.LOST
+
+
+# -- leases never wait for a row lock ------------------------------------------------------
+
+_DEADLINE = 10.0
+"""Seconds the lease checks get while a row is held: they must return, however fast."""
+
+
+async def _expire(store: PostgresStorage, *tasks: Task) -> None:
+    conn = await raw()
+    try:
+        await conn.execute(
+            f"UPDATE {store.sql.quoted}.tasks SET lease_expires_at = now() - interval '1 minute'"
+            " WHERE id = ANY($1::text[])",
+            [t.id for t in tasks],
+        )
+    finally:
+        await conn.close()
+
+
+async def _lease_expires_at(store: PostgresStorage, task: Task) -> datetime:
+    """The committed expiry, read without waiting for any lock."""
+    conn = await raw()
+    try:
+        expires: datetime = await conn.fetchval(
+            f"SELECT lease_expires_at FROM {store.sql.quoted}.tasks WHERE id = $1", task.id
+        )
+        return expires
+    finally:
+        await conn.close()
+
+
+async def test_lease_checks_and_rescue_pass_over_a_row_another_transaction_holds(
+    store: PostgresStorage,
+):
+    await store.enqueue([new_task() for _ in range(3)])
+    busy, free, abandoned = await store.claim_batch(claim_request(limit=3))
+    await _expire(store, busy, free, abandoned)
+    leases = [lease_of(busy), lease_of(free)]
+    holder = await raw()
+    try:
+        await holder.execute("BEGIN")
+        await holder.execute(
+            f"SELECT 1 FROM {store.sql.quoted}.tasks WHERE id = $1 FOR UPDATE", busy.id
+        )
+        async with asyncio.timeout(_DEADLINE):
+            renewed = await store.renew_leases(leases, 30)
+            watched = await store.watch_leases(leases)
+            rescued = await store.rescue_expired()
+        # Held, as its committed row shows, but not extended: its row is busy.
+        assert renewed == {busy.id: None, free.id: None}
+        assert watched == {busy.id: None, free.id: None}
+        assert await _lease_expires_at(store, free) > utcnow()
+        assert await _lease_expires_at(store, busy) < utcnow()
+        # Expired too, but held by someone: not rescued this round.
+        assert [t.id for t in rescued] == [abandoned.id]
+    finally:
+        await holder.execute("ROLLBACK")
+        await holder.close()
+    (current,) = await store.rescue_expired()
+    assert current.id == busy.id and current.status is TaskStatus.PENDING
+
+
+async def test_a_finish_stalled_mid_write_is_neither_waited_for_nor_rescued(
+    store: PostgresStorage,
+):
+    """Issue 14: a finish holds the rows it has updated while it waits for another one
+    (here held by another connection). The worker's lease checks return meanwhile,
+    reporting both tasks held, and a rescue passes over them though their leases
+    expired; once the row is free, the finish completes both, and neither ran twice."""
+    await store.enqueue([new_task() for _ in range(3)])
+    writing, blocked, abandoned = await store.claim_batch(claim_request(limit=3))
+    await _expire(store, writing, blocked, abandoned)
+    leases = [lease_of(writing), lease_of(blocked)]
+    holder, probe = await raw(), await raw()
+
+    async def row_locked() -> bool:
+        lockable = await probe.fetchval(
+            f"SELECT count(*) FROM (SELECT 1 FROM {store.sql.quoted}.tasks WHERE id = $1"
+            " FOR UPDATE SKIP LOCKED) AS x",
+            writing.id,
+        )
+        return lockable == 0
+
+    finishing: asyncio.Task[list[Task | None]] | None = None
+    try:
+        await holder.execute("BEGIN")
+        await holder.execute(
+            f"SELECT 1 FROM {store.sql.quoted}.tasks WHERE id = $1 FOR UPDATE", blocked.id
+        )
+        finishing = asyncio.create_task(
+            store.finish_batch([finish_of(writing, result="w"), finish_of(blocked, result="b")])
+        )
+        await wait_until(row_locked)  # the finish holds the first row, waits for the second
+        async with asyncio.timeout(_DEADLINE):
+            renewed = await store.renew_leases(leases, 30)
+            watched = await store.watch_leases(leases)
+            rescued = await store.rescue_expired()
+        assert renewed == {writing.id: None, blocked.id: None}
+        assert watched == {writing.id: None, blocked.id: None}
+        assert [t.id for t in rescued] == [abandoned.id]
+        assert not finishing.done()
+    finally:
+        await holder.execute("ROLLBACK")
+        await holder.close()
+        await probe.close()
+        if finishing is not None:
+            async with asyncio.timeout(_DEADLINE):
+                finished = await finishing
+    assert [(t.status, t.result) if t else None for t in finished] == [
+        (TaskStatus.COMPLETED, "w"),
+        (TaskStatus.COMPLETED, "b"),
+    ]
+    for task in (writing, blocked):
+        assert [a.outcome for a in await store.attempts(task.id)] == [AttemptOutcome.COMPLETED]
 
 
 # -- dedupe ------------------------------------------------------------------------------

@@ -4,6 +4,11 @@ Conventions every statement here follows:
 
 - Batches travel as arrays (``unnest($1::text[], ...) WITH ORDINALITY``): one statement
   and one round trip per batch, whatever its size.
+- Every statement costs the same per row whatever its batch size, whatever the table's
+  statistics say: a batch reaches its task rows only through lookups by key (see
+  :data:`FENCE`), and CTEs are combined by sorting or hashing, never by a nested loop
+  over one of them (see :meth:`Statements._events_of`). ``tests/test_postgres_plans.py``
+  checks the plans.
 - Operations that can be one statement are one statement (an implicit transaction),
   with data-modifying CTEs: enqueue, claim, finish, progress, rescue and suspension
   each write their task rows, execution-log rows, events and notifications together.
@@ -46,6 +51,36 @@ TASK_COLUMNS: Final = ", ".join(TASK_COLUMN_NAMES)
 CLAIMABLE: Final = "status = 'pending' AND alias_of IS NULL"
 """The predicate of the partial ``tasks_claim`` index (queries repeat it verbatim)."""
 ACTIVE: Final = "status IN ('pending', 'running')"
+
+FENCE: Final = (
+    "t.id = v.id AND t.status = v.running AND t.worker_id = v.worker_id AND t.attempts = v.attempt"
+)
+"""A batch row's lease, fenced: task ``t`` is RUNNING, held by the batch row's worker
+for the batch row's attempt (``v``, a CTE built by :func:`batch`).
+
+The status is compared with the batch's own constant column ``v.running``, not with the
+literal ``'running'``. A literal is a restriction the planner estimates from the
+table's statistics, and it matches the predicate of the partial index ``tasks_lease``:
+with statistics taken while the tasks were PENDING (right after a bulk enqueue) the
+planner believed almost nothing was RUNNING, read every RUNNING task through that index
+and looped over the whole batch for each one. A finish of 1,000 rows against 50,000
+RUNNING tasks took 56 s that way, one of 10,000 rows ten times longer. Compared with a
+column of a materialized CTE, the status is a join condition: no index predicate
+follows from it and no statistic estimates it, so the batch reaches its rows by their
+unique ``id``, one lookup per batch row (or, for a batch that is a large part of the
+table, one hash join)."""
+
+
+def batch(arrays: str, columns: str) -> str:
+    """The CTE ``v`` of a batch: one row per position of ``arrays`` (an ``unnest``
+    argument list) named ``columns``, with its position ``ord`` and the constant
+    ``running`` that :data:`FENCE` needs. Materialized, so that ``running`` stays a
+    column."""
+    return (
+        f"v AS MATERIALIZED (SELECT u.*, 'running'::text AS running FROM unnest({arrays})"
+        f" WITH ORDINALITY AS u({columns}, ord))"
+    )
+
 
 _RELEASED_KIND: Final = (
     "(CASE WHEN v.kind IN ('retry', 'fail') AND t.cancel_reason IS NOT NULL "
@@ -162,14 +197,15 @@ class Statements:
         # -- finishing ------------------------------------------------------------------------
         k = _RELEASED_KIND
         requeued = f"(SELECT {notify(18, 'work')} FROM done WHERE status = 'pending' LIMIT 1)"
+        finish_batch = batch(
+            "$1::text[], $2::text[], $3::integer[], $4::text[], $5::text[], $6::float8[],"
+            " $7::text[], $8::text[], $9::text[], $10::boolean[], $11::float8[], $12::float8[],"
+            " $13::text[], $14::text[], $15::timestamptz[], $16::timestamptz[]",
+            "id, worker_id, attempt, kind, result, retry_in, error, reason, data, has_progress,"
+            " done, total, message, outcome, started_at, finished_at",
+        )
         self.finish = (
-            "WITH v AS MATERIALIZED ("
-            " SELECT * FROM unnest($1::text[], $2::text[], $3::integer[], $4::text[],"
-            " $5::text[], $6::float8[], $7::text[], $8::text[], $9::text[], $10::boolean[],"
-            " $11::float8[], $12::float8[], $13::text[], $14::text[], $15::timestamptz[],"
-            " $16::timestamptz[]) WITH ORDINALITY AS v(id, worker_id, attempt, kind, result,"
-            " retry_in, error, reason, data, has_progress, done, total, message, outcome,"
-            " started_at, finished_at, ord)),"
+            f"WITH {finish_batch},"
             f" done AS (UPDATE {s}.tasks AS t SET"
             f" status = CASE {k} WHEN 'complete' THEN 'completed' WHEN 'fail' THEN 'failed'"
             " WHEN 'cancel' THEN 'cancelled' ELSE 'pending' END,"
@@ -192,8 +228,7 @@ class Statements:
             " WHEN v.has_progress THEN v.total ELSE t.progress_total END,"
             f" progress_message = CASE WHEN {k} IN ('retry', 'release') THEN NULL"
             " WHEN v.has_progress THEN v.message ELSE t.progress_message END"
-            " FROM v WHERE t.id = v.id AND t.status = 'running' AND t.worker_id = v.worker_id"
-            " AND t.attempts = v.attempt"
+            f" FROM v WHERE {FENCE}"
             f" RETURNING {columns('t')}, v.ord, t.attempts < v.attempt AS released,"
             " v.attempt, v.worker_id AS lease_worker, v.started_at AS attempt_started,"
             " v.finished_at AS attempt_finished, v.outcome, v.error AS attempt_error),"
@@ -205,12 +240,7 @@ class Statements:
             " THEN 'interrupted' ELSE d.outcome END AS outcome) AS o ORDER BY d.ord),"
             f" {self._aliases_of('done')},"
             f" {gate('done', 17, [notify(18, 'events'), requeued], also='al')},"
-            f" ev AS (INSERT INTO {s}.events (task_seq, kind, status, at)"
-            " SELECT e.seq, e.kind, e.status, now() FROM gate, ("
-            f" SELECT d.seq, {_FINISH_EVENT} AS kind, d.status, d.ord AS o1, 0::bigint AS o2"
-            " FROM done AS d UNION ALL"
-            f" SELECT al.alias_seq, {_FINISH_EVENT}, d.status, d.ord, al.alias_seq"
-            " FROM al JOIN done AS d ON d.seq = al.leader_seq) AS e ORDER BY e.o1, e.o2)"
+            f" {self._events_of(f'SELECT d.seq, {_FINISH_EVENT}, d.status, d.ord FROM done AS d')}"
             " SELECT * FROM done"
         )
         """Finish a batch (16 arrays, then the events lock and the channel prefix): every kind
@@ -229,30 +259,39 @@ class Statements:
             " s.task_type = t.task_type) AND (s.app_id IS NULL OR s.app_id = t.app_id))"
         )
         stop_request = f"coalesce(t.cancel_reason, CASE WHEN {suspended} THEN 'suspended' END)"
-        leases = "unnest($1::text[], $2::text[], $3::integer[]) AS v(id, worker_id, attempt)"
-        fence = (
-            "t.id = v.id AND t.status = 'running' AND t.worker_id = v.worker_id"
-            " AND t.attempts = v.attempt"
-        )
+        leases = batch("$1::text[], $2::text[], $3::integer[]", "id, worker_id, attempt")
+        held = f"SELECT t.id, {stop_request} FROM v JOIN {s}.tasks AS t ON {FENCE}"
         self.renew = (
-            f"UPDATE {s}.tasks AS t SET lease_expires_at = now() + $4 * interval '1 second'"
-            f" FROM {leases} WHERE {fence} RETURNING t.id, {stop_request}"
+            f"WITH {leases},"
+            f" locked AS MATERIALIZED (SELECT t.seq FROM v JOIN {s}.tasks AS t ON {FENCE}"
+            " FOR UPDATE OF t SKIP LOCKED),"
+            f" renewed AS (UPDATE {s}.tasks AS t SET"
+            " lease_expires_at = now() + $4 * interval '1 second'"
+            " FROM locked WHERE t.seq = locked.seq)"
+            f" {held}"
         )
-        """Renew held leases; each row's stop request is the one recorded or, for a task
-        whose scope is suspended now, 'suspended' (a claim that raced the suspension)."""
-        self.watch = f"SELECT t.id, {stop_request} FROM {s}.tasks AS t, {leases} WHERE {fence}"
+        """Renew held leases without waiting for a row lock: the rows no other transaction
+        holds are locked (``SKIP LOCKED``) and extended; every lease is then reported
+        from the rows as last committed, so one whose row is busy (its own finish is
+        being written, say) is reported held, not lost, but is not extended this time.
+        Each row's stop request is the one recorded or, for a task whose scope is
+        suspended now, 'suspended' (a claim that raced the suspension)."""
+        self.watch = f"WITH {leases} {held}"
+        """The stop requests of held leases: a plain read, which never waits for a lock."""
 
+        progress_batch = batch(
+            "$1::text[], $2::text[], $3::integer[], $4::boolean[], $5::float8[], $6::float8[],"
+            " $7::text[], $8::text[]",
+            "id, worker_id, attempt, has_progress, done, total, message, data",
+        )
         self.save_progress = (
-            "WITH v AS MATERIALIZED (SELECT * FROM unnest($1::text[], $2::text[],"
-            " $3::integer[], $4::boolean[], $5::float8[], $6::float8[], $7::text[],"
-            " $8::text[]) WITH ORDINALITY AS v(id, worker_id, attempt, has_progress, done,"
-            " total, message, data, ord)),"
+            f"WITH {progress_batch},"
             f" up AS (UPDATE {s}.tasks AS t SET updated_at = now(),"
             " progress_done = CASE WHEN v.has_progress THEN v.done ELSE t.progress_done END,"
             " progress_total = CASE WHEN v.has_progress THEN v.total ELSE t.progress_total END,"
             " progress_message = CASE WHEN v.has_progress THEN v.message"
             " ELSE t.progress_message END,"
-            f" data = coalesce(v.data::json, t.data) FROM v WHERE {fence}"
+            f" data = coalesce(v.data::json, t.data) FROM v WHERE {FENCE}"
             " RETURNING t.seq, t.id, v.ord),"
             f" {gate('up', 9, [notify(10, 'events')])},"
             f" ev AS (INSERT INTO {s}.events (task_seq, kind, status, at)"
@@ -261,6 +300,10 @@ class Statements:
         )
 
         # -- rescue -------------------------------------------------------------------------
+        rescued = (
+            "SELECT r.seq, CASE WHEN r.status = 'pending' THEN 'requeued' ELSE r.status END,"
+            " r.status, r.seq FROM r"
+        )
         terminal_reason = "e.cancel_reason IN ('user', 'preempted')"
         stop_reason = "e.cancel_reason IN ('suspended', 'shutdown')"
         requeue = (
@@ -288,7 +331,7 @@ class Statements:
             f" progress_total = CASE WHEN {requeue} THEN NULL ELSE t.progress_total END,"
             f" progress_message = CASE WHEN {requeue} THEN NULL ELSE t.progress_message END,"
             " updated_at = now(), worker_id = NULL, lease_expires_at = NULL"
-            " FROM e WHERE t.seq = e.seq AND t.seq = ANY(ARRAY(SELECT seq FROM e))"
+            " FROM e WHERE t.seq = e.seq"
             f" RETURNING {columns('t')}, e.worker_id AS lost_worker, e.attempts AS lost_attempt,"
             " e.started_at AS lost_started),"
             f" log AS (INSERT INTO {s}.attempts (task_seq, number, worker_id, started_at,"
@@ -298,12 +341,7 @@ class Statements:
             " FROM r ORDER BY r.seq),"
             f" {self._aliases_of('r')},"
             f" {gate('r', 2, [notify(3, 'work'), notify(3, 'events')], also='al')},"
-            f" ev AS (INSERT INTO {s}.events (task_seq, kind, status, at)"
-            " SELECT e.seq, e.kind, e.status, now() FROM gate, ("
-            " SELECT r.seq, CASE WHEN r.status = 'pending' THEN 'requeued' ELSE r.status END"
-            " AS kind, r.status, r.seq AS o1, 0::bigint AS o2 FROM r UNION ALL"
-            " SELECT al.alias_seq, r.status, r.status, r.seq, al.alias_seq"
-            " FROM al JOIN r ON r.seq = al.leader_seq) AS e ORDER BY e.o1, e.o2)"
+            f" {self._events_of(rescued)}"
             " SELECT * FROM r ORDER BY seq"
         )
         """Rescue expired leases (limit, the events lock, the channel prefix): the tasks, their
@@ -426,6 +464,26 @@ class Statements:
             " WHERE c.dedupe_key IS NOT NULL AND c.alias_of IS NULL"
             " AND c.status IN ('completed', 'failed', 'cancelled') HAVING count(*) > 0) AS x"
             f" CROSS JOIN LATERAL {self.quoted}.settle_aliases(x.seqs) AS s)"
+        )
+
+    def _events_of(self, changed: str) -> str:
+        """The CTE ``ev``: behind the gate, the events of the rows ``changed`` selects
+        (task seq, event kind, status, position) in position order, each followed by
+        those of the aliases it settled (``al``, in creation order), which take its kind
+        and status.
+
+        Each alias is placed after its leader by sorting the two together (a window over
+        the leader's seq), not by joining ``al`` to the changed rows: a join of two CTEs
+        may become a nested loop that reads one of them once per row of the other."""
+        return (
+            f"ev AS (INSERT INTO {self.quoted}.events (task_seq, kind, status, at)"
+            " SELECT e.seq, e.kind, e.status, now() FROM gate, ("
+            " SELECT x.seq, first_value(x.kind) OVER w AS kind,"
+            " first_value(x.status) OVER w AS status, first_value(x.pos) OVER w AS pos, x.o2"
+            " FROM (SELECT c.seq, c.seq AS leader, c.kind, c.status, c.pos, 0::bigint AS o2"
+            f" FROM ({changed}) AS c(seq, kind, status, pos) UNION ALL"
+            " SELECT al.alias_seq, al.leader_seq, NULL, NULL, NULL, al.alias_seq FROM al) AS x"
+            " WINDOW w AS (PARTITION BY x.leader ORDER BY x.o2)) AS e ORDER BY e.pos, e.o2)"
         )
 
     # -- claims -------------------------------------------------------------------------

@@ -581,7 +581,12 @@ class PostgresStorage(TaskStorage):
         self, leases: Sequence[Lease], lease_seconds: float
     ) -> dict[str, CancelReason | None]:
         """Extend the leases that still hold with one statement; map each to the stop
-        requested for it (recorded, or 'suspended' when its scope is suspended now)."""
+        requested for it (recorded, or 'suspended' when its scope is suspended now).
+
+        It never waits for a row lock: a task whose row another transaction holds (its
+        own finish being written, a cancel) is left as it is (``SKIP LOCKED``) and
+        reported from its committed row: held while that row is RUNNING under this
+        lease, though not extended this time."""
         if not leases:
             return {}
         ids, workers, attempts = _lease_arrays(leases)
