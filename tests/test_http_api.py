@@ -43,8 +43,12 @@ async def tm(store_url: str) -> AsyncIterator[Taskmill]:
 
 
 @pytest.fixture
-async def base_url(tm: Taskmill) -> AsyncIterator[str]:
-    app = create_app(tm, TOKENS, limits=Limits(max_body_bytes=64 * 1024, max_items=50))
+def app(tm: Taskmill) -> Any:
+    return create_app(tm, TOKENS, limits=Limits(max_body_bytes=64 * 1024, max_items=50))
+
+
+@pytest.fixture
+async def base_url(app: Any) -> AsyncIterator[str]:
     async with serve(app) as url:
         yield url
 
@@ -313,21 +317,34 @@ async def isolation_probes(http: httpx.AsyncClient, foreign: str) -> dict[tuple[
         ("POST", "/v1/suspend"): ({"app_id": "music"}, {422}),
         ("POST", "/v1/resume"): ({"app_id": "music"}, {422}),
         ("GET", "/v1/suspensions"): (None, {200}),
+        ("GET", "/v1/events"): ({"app_id": "music"}, {403}),
+        ("POST", "/v1/app-events"): ({"kind": "k", "app_id": "music"}, {422}),
+        ("POST", "/v1/external-jobs/{job_id}/progress"): ({"done": 1}, {404}),
+        ("POST", "/v1/external-jobs/{job_id}/complete"): ({"status": "failed"}, {404}),
+        ("PUT", "/v1/external-jobs/{job_id}"): ({"title": "x", "app_id": "music"}, {422}),
+        ("GET", "/v1/external-jobs"): (None, {200}),
     }
 
 
+def served_endpoints(app: Any) -> list[Any]:
+    """The endpoints the app serves (its route table)."""
+    return list(app.state.service.endpoints)
+
+
 async def test_an_app_token_reaches_no_other_apps_task_through_any_route(
-    http: httpx.AsyncClient, tm: Taskmill
+    http: httpx.AsyncClient, tm: Taskmill, app: Any
 ):
     music = tm.for_app("music")
     foreign = await music.enqueue("t", {"secret": 1}, dedupe_key="k")
     await music.suspend("t")
+    job = await http.put("/v1/external-jobs/j1", json={"title": "secret"}, headers=MUSIC)
+    assert job.status_code == 200
     before = await tm.get(foreign.id)
     probes = await isolation_probes(http, foreign.id)
-    routes = {(e.method, e.path) for e in TASK_ENDPOINTS}
+    routes = {(e.method, e.path) for e in served_endpoints(app) if not e.public}
     assert routes == set(probes), "every route needs an isolation probe"
     for (method, path), (payload, statuses) in probes.items():
-        url = path.replace("{task_id}", foreign.id)
+        url = path.replace("{task_id}", foreign.id).replace("{job_id}", "j1")
         if method == "GET":
             response = await http.get(url, params=payload, headers=PHOTOS)
         else:
@@ -345,19 +362,26 @@ async def test_an_app_token_reaches_no_other_apps_task_through_any_route(
     after = await tm.get(foreign.id)
     assert after == before and after is not None and after.status is TaskStatus.PENDING
     assert await tm.suspensions() != []
+    assert (await http.get("/v1/external-jobs", headers=PHOTOS)).json() == []
+    (theirs,) = (await http.get("/v1/external-jobs", headers=MUSIC)).json()
+    assert theirs["title"] == "secret" and theirs["status"] == "running"
+    assert theirs["updated_at"] == job.json()["updated_at"]
 
 
 # -- the OpenAPI document -------------------------------------------------------------------
 
 
-async def test_the_openapi_document_describes_every_route_served(http: httpx.AsyncClient):
+async def test_the_openapi_document_describes_every_route_served(http: httpx.AsyncClient, app: Any):
     response = await http.get("/openapi.json")
     assert response.status_code == 200
     document = response.json()
     assert document["openapi"].startswith("3.1")
-    served = {(e.method.lower(), e.path) for e in TASK_ENDPOINTS} | {("get", "/openapi.json")}
+    served = {(e.method.lower(), e.path) for e in served_endpoints(app)}
     described = {(m, p) for p, ops in document["paths"].items() for m in ops}
-    assert served <= described
+    assert served == described
+    for route in app.routes:
+        for method in route.methods - {"HEAD"}:
+            assert (method.lower(), route.path) in described
     create = document["paths"]["/v1/tasks"]["post"]
     assert create["requestBody"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/TaskSpecBody"

@@ -26,7 +26,7 @@ from taskmill.errors import TaskmillError
 from taskmill.model import Attempt, SuspensionScope, Task, TaskFilter, TaskSpec
 from taskmill.operations import TaskOperations
 from taskmill.serialization import converter as model_converter
-from taskmill.serialization import dumps
+from taskmill.serialization import dumps, to_dict
 
 from taskmill_http import requests as rq
 from taskmill_http.bodies import (
@@ -46,7 +46,14 @@ from taskmill_http.bodies import (
     TaskSpecBody,
 )
 from taskmill_http.errors import ServiceError, status_of
-from taskmill_http.events import APP_ENTITY, EventHub, Position
+from taskmill_http.events import APP_ENTITY, EXTERNAL_JOB_UPDATE, EventHub, Position
+from taskmill_http.jobs import (
+    CompleteJobBody,
+    ExternalJob,
+    ExternalJobs,
+    ProgressBody,
+    UpsertJobBody,
+)
 from taskmill_http.routes import Endpoint, Param
 from taskmill_http.tokens import Caller, Tokens
 
@@ -67,6 +74,10 @@ class Limits:
     to resume from its position and the stream ends."""
     heartbeat_seconds: float = 15.0
     """A comment line goes to an idle event stream this often, so that proxies keep it."""
+    external_job_ttl: float = 3600.0
+    """Seconds an external job is kept after its last update."""
+    max_external_jobs: int = 10_000
+    """External jobs one service process holds at most."""
 
 
 class Service:
@@ -78,6 +89,10 @@ class Service:
         self.limits = limits
         self.hub = EventHub(tm, queue_size=limits.subscriber_queue)
         """Fans the store's events (and in-memory ones) out to the event streams."""
+        self.jobs = ExternalJobs(ttl=limits.external_job_ttl, max_jobs=limits.max_external_jobs)
+        """The external jobs reported to this process."""
+        self.endpoints: tuple[Endpoint, ...] = ()
+        """What the app serves (its route table; the OpenAPI document describes it)."""
 
     def authenticate(self, request: Request) -> Caller:
         """The caller the ``Authorization: Bearer`` header identifies.
@@ -327,8 +342,41 @@ async def publish_app_event(call: Call) -> Published:
     return Published(position=str(position))
 
 
+def _job_app(call: Call, named: str | None = None) -> str | None:
+    rq.refuse_app_id(call.caller.app_id, [named])
+    return call.caller.app_id if call.caller.app_id is not None else named
+
+
+def _published(call: Call, job: ExternalJob) -> ExternalJob:
+    call.service.hub.publish(EXTERNAL_JOB_UPDATE, job.app_id, to_dict(job))
+    return job
+
+
+async def upsert_job(call: Call) -> ExternalJob:
+    body = rq.body_as(call.body, UpsertJobBody)
+    app_id = _job_app(call, body.app_id)
+    return _published(call, call.service.jobs.upsert(app_id, call.path("job_id"), body))
+
+
+async def job_progress(call: Call) -> ExternalJob:
+    body = rq.body_as(call.body, ProgressBody)
+    job_id = call.path("job_id")
+    return _published(call, call.service.jobs.progress(_job_app(call), job_id, body))
+
+
+async def complete_job(call: Call) -> ExternalJob:
+    body = rq.body_as(call.body, CompleteJobBody)
+    job_id = call.path("job_id")
+    return _published(call, call.service.jobs.complete(_job_app(call), job_id, body))
+
+
+async def list_jobs(call: Call) -> list[ExternalJob]:
+    return call.service.jobs.list(call.caller.app_id, every_app=call.caller.is_admin)
+
+
 _STRING = {"type": "string"}
 TASK_ID = Param("task_id", _STRING, "the task's id", where="path")
+JOB_ID = Param("job_id", _STRING, "the external job's id (its owner's choice)", where="path")
 FILTER_PARAMS = (
     Param(
         "status",
@@ -529,6 +577,43 @@ EVENT_ENDPOINTS: tuple[Endpoint, ...] = (
         "its position: reconnect with Last-Event-ID to resume without a gap.",
     ),
     Endpoint(
+        "PUT",
+        "/v1/external-jobs/{job_id}",
+        upsert_job,
+        "Create or update an external job (a sidecar's own work)",
+        ExternalJob,
+        body=UpsertJobBody,
+        params=(JOB_ID,),
+        errors=(404,),
+    ),
+    Endpoint(
+        "POST",
+        "/v1/external-jobs/{job_id}/progress",
+        job_progress,
+        "Report an external job's progress",
+        ExternalJob,
+        body=ProgressBody,
+        params=(JOB_ID,),
+        errors=(404,),
+    ),
+    Endpoint(
+        "POST",
+        "/v1/external-jobs/{job_id}/complete",
+        complete_job,
+        "Report an external job's end",
+        ExternalJob,
+        body=CompleteJobBody,
+        params=(JOB_ID,),
+        errors=(404,),
+    ),
+    Endpoint(
+        "GET",
+        "/v1/external-jobs",
+        list_jobs,
+        "The external jobs this service holds (an app token sees its app's)",
+        list[ExternalJob],
+    ),
+    Endpoint(
         "POST",
         "/v1/app-events",
         publish_app_event,
@@ -598,6 +683,7 @@ def create_app(
     service = Service(tm, tokens, limits or Limits())
     endpoints = (*TASK_ENDPOINTS, *EVENT_ENDPOINTS)
     endpoints = (*endpoints, openapi_endpoint(endpoints))
+    service.endpoints = endpoints
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

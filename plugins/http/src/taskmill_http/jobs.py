@@ -1,0 +1,182 @@
+"""External jobs: snapshots of work a sidecar runs outside taskmill (the seed's
+task_queue service), shown beside tasks.
+
+They are kept in the service's memory, not in the store: a job is a sidecar's report of
+its own work, not something taskmill runs, recovers or retries, and a report is
+repeated by its owner anyway. Each job lives ``ttl`` seconds after its last update; at
+most ``max_jobs`` are held (the expired ones go first). With several service replicas,
+each replica knows the jobs reported to it: run one replica for them, or route a
+sidecar's reports to one replica (sticky by app). A restart forgets them until their
+owners report again.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Any, Literal
+
+import attrs
+from taskmill.model import Progress, TaskStatus
+from taskmill.storage import utcnow
+
+from taskmill_http.errors import ServiceError
+
+
+@attrs.frozen
+class ExternalJob:
+    """A snapshot of one external job, as ``GET /v1/external-jobs`` and the
+    ``external_job_update`` event show it."""
+
+    job_id: str
+    app_id: str | None
+    title: str
+    status: TaskStatus
+    progress: Progress
+    data: dict[str, Any]
+    result: Any
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+
+@attrs.frozen
+class ProgressBody:
+    """Progress of an external job: ``done`` of ``total``, with a message."""
+
+    done: float = 0
+    total: float | None = None
+    message: str | None = None
+
+
+@attrs.frozen
+class UpsertJobBody:
+    """Create or replace what is known of an external job (fields left out keep their
+    value; a new job starts ``running`` with no progress)."""
+
+    title: str | None = None
+    status: TaskStatus | None = None
+    progress: ProgressBody | None = None
+    data: dict[str, Any] | None = None
+    app_id: str | None = None
+
+
+@attrs.frozen
+class CompleteJobBody:
+    """The end of an external job."""
+
+    status: Literal["completed", "failed", "cancelled"]
+    result: Any = None
+    error: str | None = None
+
+
+def _progress(body: ProgressBody) -> Progress:
+    for name, value in (("done", body.done), ("total", body.total)):
+        if value is not None and not -1e15 <= value <= 1e15:
+            raise ServiceError(422, "invalid_body", f"progress {name} is out of range")
+    if body.total is not None and body.total <= 0:
+        raise ServiceError(422, "invalid_body", "progress total must be > 0")
+    return Progress(done=body.done, total=body.total, message=body.message)
+
+
+class ExternalJobs:
+    """The external jobs this service process holds (see the module docstring)."""
+
+    def __init__(self, *, ttl: float = 3600.0, max_jobs: int = 10_000) -> None:
+        self.ttl = ttl
+        self.max_jobs = max_jobs
+        self._jobs: dict[tuple[str | None, str], tuple[float, ExternalJob]] = {}
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for key in [k for k, (t, _) in self._jobs.items() if now - t > self.ttl]:
+            del self._jobs[key]
+
+    def get(self, app_id: str | None, job_id: str) -> ExternalJob:
+        """:raises ServiceError: 404 when the job is unknown (or expired)."""
+        self._expire()
+        found = self._jobs.get((app_id, job_id))
+        if found is None:
+            raise ServiceError(404, "not_found", f"no external job {job_id}")
+        return found[1]
+
+    def list(self, app_id: str | None, *, every_app: bool) -> list[ExternalJob]:
+        """The jobs of ``app_id`` (of every app with ``every_app``), newest update
+        first."""
+        self._expire()
+        jobs = [j for _, j in self._jobs.values() if every_app or j.app_id == app_id]
+        jobs.sort(key=lambda j: j.updated_at, reverse=True)
+        return jobs
+
+    def _store(self, job: ExternalJob) -> ExternalJob:
+        key = (job.app_id, job.job_id)
+        if key not in self._jobs and len(self._jobs) >= self.max_jobs:
+            self._expire()
+            if len(self._jobs) >= self.max_jobs:
+                raise ServiceError(
+                    413, "too_many_items", f"this service holds {self.max_jobs} external jobs"
+                )
+        self._jobs[key] = (time.monotonic(), job)
+        return job
+
+    def upsert(self, app_id: str | None, job_id: str, body: UpsertJobBody) -> ExternalJob:
+        """Create the job, or update the fields ``body`` gives."""
+        self._expire()
+        now = utcnow()
+        found = self._jobs.get((app_id, job_id))
+        progress = None if body.progress is None else _progress(body.progress)
+        if found is None:
+            status = body.status or TaskStatus.RUNNING
+            job = ExternalJob(
+                job_id=job_id,
+                app_id=app_id,
+                title=body.title or job_id,
+                status=status,
+                progress=progress or Progress(),
+                data=body.data or {},
+                result=None,
+                error=None,
+                created_at=now,
+                updated_at=now,
+                finished_at=now if status.terminal else None,
+            )
+        else:
+            old = found[1]
+            status = body.status or old.status
+            job = attrs.evolve(
+                old,
+                title=old.title if body.title is None else body.title,
+                status=status,
+                progress=progress or old.progress,
+                data=old.data if body.data is None else {**old.data, **body.data},
+                updated_at=now,
+                finished_at=(old.finished_at or now) if status.terminal else None,
+            )
+        return self._store(job)
+
+    def progress(self, app_id: str | None, job_id: str, body: ProgressBody) -> ExternalJob:
+        """Record progress of a known job.
+
+        :raises ServiceError: 404 for an unknown job.
+        """
+        job = self.get(app_id, job_id)
+        return self._store(attrs.evolve(job, progress=_progress(body), updated_at=utcnow()))
+
+    def complete(self, app_id: str | None, job_id: str, body: CompleteJobBody) -> ExternalJob:
+        """Record the end of a known job.
+
+        :raises ServiceError: 404 for an unknown job.
+        """
+        job = self.get(app_id, job_id)
+        now = utcnow()
+        return self._store(
+            attrs.evolve(
+                job,
+                status=TaskStatus(body.status),
+                result=body.result,
+                error=body.error,
+                updated_at=now,
+                finished_at=now,
+            )
+        )
