@@ -81,5 +81,5 @@ def test_backends_md_states_the_sqlite_schema_a_fresh_database_gets(tmp_path: Pa
             if not row[0].startswith("sqlite_")
         }
     schema_lines = sqlite_section.split("### Schema and migrations", 1)[1].split("- `open()`", 1)[0]
-    named = set(re.findall(r"`(\w+)`", schema_lines)) - {"schema_version"}
+    named = set(re.findall(r"`([a-z_]\w*)`", schema_lines)) - {"schema_version"}
     assert named == tables
