@@ -123,7 +123,10 @@ _messages = logging.getLogger("taskmill.cli")
 def _tell(level: int, prefix: str, message: str) -> None:
     """A message for the user on stderr: ``prefix: message``, or, when the log is
     JSON lines, a log record like every other line there."""
-    if any(isinstance(h.formatter, _JsonLines) for h in logging.getLogger().handlers):
+    if any(
+        h.get_name() == _LOG_HANDLER and isinstance(h.formatter, _JsonLines)
+        for h in logging.getLogger().handlers
+    ):
         _messages.log(level, message)
     else:
         print(f"{prefix}{message}", file=sys.stderr)
@@ -631,11 +634,16 @@ def _configure_logging(settings: Settings) -> None:
         handler.setFormatter(_JsonLines())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.set_name(_LOG_HANDLER)
     root = logging.getLogger()
     for old in list(root.handlers):
-        root.removeHandler(old)
+        if old.get_name() == _LOG_HANDLER:  # an earlier main() in this process
+            root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(settings.log_level)
+
+
+_LOG_HANDLER = "taskmill-cli"
 
 
 # -- output helpers -----------------------------------------------------------------
