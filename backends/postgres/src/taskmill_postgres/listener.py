@@ -202,7 +202,7 @@ class PostgresChangeListener(ChangeListener):
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.ping_interval):
                     await self._lost.wait()
-            if self.closed:
+            if self._closed:  # close() ran meanwhile (mypy narrows `self.closed` to False)
                 return
             if not self._lost.is_set() and await self._alive():
                 continue
