@@ -164,9 +164,13 @@ async def test_the_schema_version_is_stored(tmp_path: Path):
     assert stored_version(path) == str(latest_version())
 
 
-def test_the_current_schema_is_version_2_with_the_control_tables():
-    assert latest_version() == 2
-    assert [m.name for m in migrations()] == ["0001_initial.sql", "0002_control.sql"]
+def test_the_current_schema_is_version_3_with_the_control_tables():
+    assert latest_version() == 3
+    assert [m.name for m in migrations()] == [
+        "0001_initial.sql",
+        "0002_control.sql",
+        "0003_handler_registrations.sql",
+    ]
 
 
 async def test_the_control_tables_and_indexes_exist(tmp_path: Path):
@@ -174,6 +178,7 @@ async def test_the_control_tables_and_indexes_exist(tmp_path: Path):
     await make_store(path, 0)
     names = {row[1] for row in schema_of(path)}
     assert {"suspensions", "suspensions_scope", "events"} <= names
+    assert {"handler_registrations", "handler_registrations_key"} <= names
 
 
 def stepwise_database(path: Path, version: int) -> None:

@@ -90,6 +90,14 @@ class ProxyError(TaskmillError):
     retried like any other handler error."""
 
 
+class Detached(TaskmillError):
+    """Raised by a handler that handed its attempt over to another owner (an HTTP
+    receiver that answered 202 Accepted): the worker frees the slot, writes no outcome
+    and stops renewing the lease, leaving the task RUNNING under that lease. The new
+    owner reports progress and the outcome itself, fenced by the lease; an owner that
+    stops reporting loses the lease and the task is rescued like any other."""
+
+
 class Cancelled(TaskmillError):
     """The task was cancelled; raised by ``Context.check_cancelled()``."""
 

@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Self, TypeAlias
 
 import attrs
 
+from taskmill.errors import TaskmillError
 from taskmill.model import (
     JSON,
     Attempt,
@@ -38,6 +39,11 @@ from taskmill.model import (
 HandlerKey: TypeAlias = tuple[str | None, str]
 """``(app_id, task_type)`` of a registered handler; ``app_id`` None serves every app that
 has no handler of its own for that task type (SPEC 5.13)."""
+
+
+def _tz_aware(instance: Any, attribute: attrs.Attribute[Any], value: datetime | None) -> None:
+    if value is not None and value.tzinfo is None:
+        raise ValueError(f"{attribute.name} must be a timezone-aware datetime, got {value!r}")
 
 
 def utcnow() -> datetime:
@@ -66,6 +72,9 @@ class StorageCapabilities:
     """Several processes (and machines, for server databases) can use one store."""
     notifications: bool = False
     """The backend pushes 'new work' to idle workers instead of relying on polling."""
+    handler_registrations: bool = False
+    """The backend keeps :class:`HandlerRegistration` records (the ``*_handler_
+    registration`` methods work)."""
 
 
 class StoreChange(enum.Enum):
@@ -190,6 +199,32 @@ class ProgressUpdate:
     lease: Lease
     progress: Progress | None = None
     data: dict[str, JSON] | None = None
+
+
+@attrs.frozen
+class HandlerRegistration:
+    """A handler registered in the store instead of in code: a delegate at ``url`` runs
+    the tasks of ``(app_id, task_type)``.
+
+    Kept by the store so that every process sharing it, after any restart, serves the
+    same registrations: the plugin that understands the URL (taskmill-http for
+    ``http(s)://``) registers a proxy handler for each in its workers. The options are
+    those of ``Taskmill.handler``.
+    """
+
+    task_type: str
+    url: str
+    app_id: str | None = None
+    timeout: float | None = None
+    max_retries: int | None = None
+    concurrency: int | None = None
+    updated_at: datetime | None = attrs.field(default=None, validator=_tz_aware)
+    """When the store last wrote it (set by the store; ignored on the way in)."""
+
+    @property
+    def key(self) -> HandlerKey:
+        """``(app_id, task_type)``."""
+        return (self.app_id, self.task_type)
 
 
 class TaskStorage(abc.ABC):
@@ -482,3 +517,37 @@ class TaskStorage(abc.ABC):
     @abc.abstractmethod
     async def prune_events(self, older_than: timedelta) -> int:
         """Delete events recorded more than ``older_than`` ago; returns how many."""
+
+    # -- handler registrations (capability ``handler_registrations``) -----------------
+
+    async def put_handler_registration(
+        self, registration: HandlerRegistration
+    ) -> HandlerRegistration:
+        """Store ``registration``, replacing the one of the same ``(app_id,
+        task_type)``; atomic, so concurrent writers leave exactly one of theirs.
+
+        :returns: the stored record, ``updated_at`` set to the store's clock.
+        :raises TaskmillError: the backend does not keep registrations
+            (``capabilities.handler_registrations`` is False).
+        """
+        raise self._no_registrations()
+
+    async def delete_handler_registration(self, app_id: str | None, task_type: str) -> bool:
+        """Delete the registration of ``(app_id, task_type)``; whether there was one.
+
+        :raises TaskmillError: the backend does not keep registrations.
+        """
+        raise self._no_registrations()
+
+    async def handler_registrations(self) -> list[HandlerRegistration]:
+        """Every stored registration, sorted by (app id, host's first; task type).
+
+        :raises TaskmillError: the backend does not keep registrations.
+        """
+        raise self._no_registrations()
+
+    def _no_registrations(self) -> TaskmillError:
+        return TaskmillError(
+            f"the {type(self).__name__} backend does not keep handler registrations; "
+            "register handlers in code, or use a backend that keeps them"
+        )

@@ -33,6 +33,7 @@ from typing import Any, Final, Self, TypeAlias, TypeVar
 from urllib.parse import urlsplit
 
 import asyncpg
+import attrs
 from taskmill.errors import (
     InvalidTaskSpec,
     InvalidTransition,
@@ -56,6 +57,7 @@ from taskmill.storage import (
     Finish,
     FinishKind,
     HandlerKey,
+    HandlerRegistration,
     Lease,
     NewTask,
     ProgressUpdate,
@@ -73,6 +75,7 @@ from taskmill_postgres.options import (
     parse_url,
     redact,
 )
+from taskmill_postgres.registrations import RegistrationStatements, from_rows, upsert_arguments
 from taskmill_postgres.schema import Conn
 from taskmill_postgres.statements import TASK_COLUMNS, Statements, filter_sql
 
@@ -165,7 +168,10 @@ class PostgresStorage(TaskStorage):
     """
 
     capabilities = StorageCapabilities(
-        durable=True, shared_between_processes=True, notifications=True
+        durable=True,
+        shared_between_processes=True,
+        notifications=True,
+        handler_registrations=True,
     )
 
     def __init__(self, parsed: ParsedURL, *, url: str) -> None:
@@ -176,6 +182,7 @@ class PostgresStorage(TaskStorage):
         self.channel = channel_prefix(self.schema)
         """Changes of kind ``k`` are notified on channel ``channel + k.value``."""
         self.sql = Statements(self.schema)
+        self.registration_sql = RegistrationStatements(self.schema)
         self._events_lock = lock_key("events", self.schema)
         self._pool: asyncpg.Pool | None = None
         self._opening = asyncio.Lock()
@@ -1033,6 +1040,38 @@ class PostgresStorage(TaskStorage):
             return int(status.rsplit(" ", 1)[-1])
 
         return await self._run(prune)
+
+    # -- handler registrations (registrations.py) -------------------------------------
+
+    async def put_handler_registration(
+        self, registration: HandlerRegistration
+    ) -> HandlerRegistration:
+        """Insert or replace the registration of its (app id, task type), stamped with
+        the database clock, in one statement."""
+        arguments = upsert_arguments(registration)
+
+        async def put(conn: Conn) -> Any:
+            return await conn.fetchval(self.registration_sql.upsert, *arguments)
+
+        updated_at = await self._run(put)
+        return attrs.evolve(registration, updated_at=updated_at)
+
+    async def delete_handler_registration(self, app_id: str | None, task_type: str) -> bool:
+        """Delete one registration; whether it existed."""
+
+        async def delete(conn: Conn) -> str:
+            result: str = await conn.execute(self.registration_sql.delete, app_id, task_type)
+            return result
+
+        return (await self._run(delete)) != "DELETE 0"
+
+    async def handler_registrations(self) -> list[HandlerRegistration]:
+        """Every registration, the host's first, then by app id and task type."""
+
+        async def read(conn: Conn) -> list[Record]:
+            return list(await conn.fetch(self.registration_sql.select))
+
+        return from_rows(await self._run(read))
 
 
 def _leader_active(task_id: str, leader: str | None, dedupe_key: str | None) -> InvalidTransition:

@@ -17,6 +17,8 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Self
 
+import attrs
+
 from taskmill.errors import InvalidTransition, InvalidURL, StorageUnavailable, TaskNotFound
 from taskmill.model import (
     NO_PROGRESS,
@@ -37,6 +39,7 @@ from taskmill.storage import (
     Finish,
     FinishKind,
     HandlerKey,
+    HandlerRegistration,
     Lease,
     NewTask,
     ProgressUpdate,
@@ -63,7 +66,9 @@ _LogRow = tuple[int, str, datetime, datetime, str, str | None]
 class MemoryStorage(TaskStorage):
     """In-process storage. See the module docstring for its guarantees and limits."""
 
-    capabilities = StorageCapabilities(durable=False, shared_between_processes=False)
+    capabilities = StorageCapabilities(
+        durable=False, shared_between_processes=False, handler_registrations=True
+    )
 
     def __init__(self, url: str = "memory://") -> None:
         self.url = url
@@ -83,6 +88,7 @@ class MemoryStorage(TaskStorage):
         # values only, which the garbage collector stops tracking (see _log_attempt).
         self._events: list[tuple[int, str, str, str, float]] = []
         self._event_seq = 0
+        self._registrations: dict[HandlerKey, HandlerRegistration] = {}
 
     def _emit(self, kind: EventKind, task: Task, at: float) -> None:
         self._event_seq += 1
@@ -712,3 +718,24 @@ class MemoryStorage(TaskStorage):
             keep += 1
         del self._events[:keep]
         return keep
+
+    # -- handler registrations -----------------------------------------------------
+
+    async def put_handler_registration(
+        self, registration: HandlerRegistration
+    ) -> HandlerRegistration:
+        self._check_open()
+        stored = attrs.evolve(registration, updated_at=from_timestamp(wall_clock()))
+        self._registrations[stored.key] = stored
+        return stored
+
+    async def delete_handler_registration(self, app_id: str | None, task_type: str) -> bool:
+        self._check_open()
+        return self._registrations.pop((app_id, task_type), None) is not None
+
+    async def handler_registrations(self) -> list[HandlerRegistration]:
+        self._check_open()
+        return sorted(
+            self._registrations.values(),
+            key=lambda r: (r.app_id is not None, r.app_id or "", r.task_type),
+        )

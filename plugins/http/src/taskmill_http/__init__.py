@@ -15,7 +15,9 @@ from taskmill_http.errors import (
     TaskCancelled,
     Unauthorized,
 )
+from taskmill_http.handler import HttpHandler
 from taskmill_http.service import Limits, Service, create_app
+from taskmill_http.stored import StoredHandlers, stored_handlers
 from taskmill_http.tokens import ADMIN, TOKENS_ENV, Caller, Tokens
 
 __all__ = [
@@ -23,13 +25,16 @@ __all__ = [
     "TOKENS_ENV",
     "Caller",
     "Client",
+    "HttpHandler",
     "LeaseLost",
     "Limits",
     "PermissionDenied",
     "Service",
     "ServiceError",
+    "StoredHandlers",
     "TaskCancelled",
     "Tokens",
     "Unauthorized",
     "create_app",
+    "stored_handlers",
 ]

@@ -183,6 +183,44 @@ class AppEventBody:
     app_id: str | None = None
 
 
+@attrs.frozen
+class HandlerBody:
+    """A handler registered in the store: tasks of the path's type (of the token's app)
+    are POSTed to ``url`` by every worker. The options are ``Taskmill.handler``'s. Only
+    an admin token may name an ``app_id`` (null: the host's handler)."""
+
+    url: str
+    timeout: float | None = None
+    max_retries: int | None = None
+    concurrency: int | None = None
+    app_id: str | None = None
+
+
+@attrs.frozen
+class ProgressReport:
+    """A detached owner's progress report (it also renews the lease): ``done`` of
+    ``total`` with a message, and ``data`` merged into the task's data."""
+
+    lease: str
+    done: float | None = None
+    total: float | None = None
+    message: str | None = None
+    data: dict[str, Any] | None = None
+
+
+@attrs.frozen
+class StatusReport:
+    """A detached owner's end of the attempt: ``completed`` (with ``result``),
+    ``failed`` (dead letter, with ``error``), ``retry`` (another attempt after
+    ``retry_in`` seconds or the backoff) or ``cancelled``."""
+
+    lease: str
+    status: Literal["completed", "failed", "retry", "cancelled"]
+    result: Any = None
+    error: str | None = None
+    retry_in: float | None = None
+
+
 # -- responses that are not taskmill models -------------------------------------------
 
 
@@ -243,6 +281,13 @@ class Summary:
 
 
 @attrs.frozen
+class Deleted:
+    """Whether something was deleted."""
+
+    deleted: bool
+
+
+@attrs.frozen
 class Published:
     """Where an in-memory event went in the stream (its SSE ``id``)."""
 
@@ -280,6 +325,7 @@ RESPONSE_MODELS: tuple[type, ...] = (
     ResumeResult,
     Summary,
     Published,
+    Deleted,
     ErrorDetail,
     ErrorBody,
 )

@@ -1,10 +1,35 @@
-"""The taskmill plugin of taskmill-http (entry point ``http`` in ``taskmill.plugins``)."""
+"""The taskmill plugin of taskmill-http (entry point ``http`` in ``taskmill.plugins``).
+
+- Every worker serves the handlers registered in the store (``PUT /v1/handlers``): they
+  are registered as :class:`~taskmill_http.HttpHandler` when the worker starts and kept
+  in step while it runs (see :mod:`taskmill_http.stored`). ``worker.tick()`` fires no
+  worker hooks: a loop that only ticks calls
+  ``await taskmill_http.stored_handlers(tm).refresh()`` itself.
+"""
 
 from __future__ import annotations
+
+from taskmill import hookimpl
+from taskmill.worker import Worker
+
+from taskmill_http.stored import stored_handlers
 
 
 class HttpPlugin:
     """The hooks taskmill-http implements."""
+
+    refresh_interval: float | None = None
+    """Seconds between reads of the stored registrations (None: the default, 1 s)."""
+
+    @hookimpl
+    async def taskmill_worker_started(self, worker: Worker) -> None:
+        """Register the stored HTTP handlers before the worker's first claim."""
+        await stored_handlers(worker.taskmill, interval=self.refresh_interval).start()
+
+    @hookimpl
+    async def taskmill_worker_stopped(self, worker: Worker) -> None:
+        """Stop keeping them in step once no worker of that ``Taskmill`` runs."""
+        await stored_handlers(worker.taskmill).stop()
 
 
 plugin = HttpPlugin()

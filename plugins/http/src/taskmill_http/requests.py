@@ -126,6 +126,11 @@ def check_int(name: str, value: int | None, low: int, high: int) -> None:
         raise ServiceError(422, "invalid_body", f"{name} must be between {low} and {high}")
 
 
+def finite(value: float) -> bool:
+    """True for a number a store can keep (not NaN, not infinite, not absurd)."""
+    return -1e15 <= value <= 1e15
+
+
 def check_seconds(name: str, value: float | None, *, low: float = -MAX_SECONDS) -> None:
     """:raises ServiceError: 422 for a duration outside ``[low, 100 years]``."""
     if value is not None and not low <= value <= MAX_SECONDS:

@@ -22,11 +22,23 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from taskmill.app import Taskmill
+from taskmill.backoff import RetryPolicy
 from taskmill.errors import TaskmillError
-from taskmill.model import Attempt, SuspensionScope, Task, TaskFilter, TaskSpec
+from taskmill.model import (
+    Attempt,
+    AttemptOutcome,
+    CancelReason,
+    Progress,
+    SuspensionScope,
+    Task,
+    TaskFilter,
+    TaskSpec,
+    TaskStatus,
+)
 from taskmill.operations import TaskOperations
 from taskmill.serialization import converter as model_converter
 from taskmill.serialization import dumps, to_dict
+from taskmill.storage import Finish, FinishKind, HandlerRegistration, Lease, ProgressUpdate, utcnow
 
 from taskmill_http import requests as rq
 from taskmill_http.bodies import (
@@ -34,11 +46,15 @@ from taskmill_http.bodies import (
     CancelBody,
     CancelledCount,
     CleanupBody,
+    Deleted,
     DeletedCount,
     FilterBody,
+    HandlerBody,
     PreemptBody,
+    ProgressReport,
     Published,
     ResumeResult,
+    StatusReport,
     Summary,
     SuspendBody,
     SuspendResult,
@@ -47,6 +63,7 @@ from taskmill_http.bodies import (
 )
 from taskmill_http.errors import ServiceError, status_of
 from taskmill_http.events import APP_ENTITY, EXTERNAL_JOB_UPDATE, EventHub, Position
+from taskmill_http.handler import parse_lease
 from taskmill_http.jobs import (
     CompleteJobBody,
     ExternalJob,
@@ -55,6 +72,7 @@ from taskmill_http.jobs import (
     UpsertJobBody,
 )
 from taskmill_http.routes import Endpoint, Param
+from taskmill_http.stored import stored_handlers
 from taskmill_http.tokens import Caller, Tokens
 
 log = logging.getLogger("taskmill.http")
@@ -78,6 +96,8 @@ class Limits:
     """Seconds an external job is kept after its last update."""
     max_external_jobs: int = 10_000
     """External jobs one service process holds at most."""
+    detached_lease_seconds: float = 30.0
+    """Each report of a detached owner extends its lease to now + this."""
 
 
 class Service:
@@ -87,10 +107,14 @@ class Service:
         self.tm = tm
         self.tokens = tokens
         self.limits = limits
+        self._handlers_started = False
         self.hub = EventHub(tm, queue_size=limits.subscriber_queue)
         """Fans the store's events (and in-memory ones) out to the event streams."""
         self.jobs = ExternalJobs(ttl=limits.external_job_ttl, max_jobs=limits.max_external_jobs)
         """The external jobs reported to this process."""
+        self.handlers = stored_handlers(tm)
+        """The handlers registered in the store, kept registered in ``tm``'s registry
+        (so that enqueueing applies their options, and a worker of ``tm`` serves them)."""
         self.endpoints: tuple[Endpoint, ...] = ()
         """What the app serves (its route table; the OpenAPI document describes it)."""
 
@@ -114,9 +138,18 @@ class Service:
             return self.tm
         return self.tm.for_app(caller.app_id)
 
+    async def start(self) -> None:
+        """Start keeping the stored handlers registered (the app's startup does it)."""
+        if self.tm.storage.capabilities.handler_registrations:
+            await self.handlers.start()
+            self._handlers_started = True
+
     async def close(self) -> None:
         """Stop what the service runs in the background and end the event streams."""
         await self.hub.close()
+        if self._handlers_started:
+            self._handlers_started = False
+            await self.handlers.stop()
 
 
 @attrs.define
@@ -374,9 +407,162 @@ async def list_jobs(call: Call) -> list[ExternalJob]:
     return call.service.jobs.list(call.caller.app_id, every_app=call.caller.is_admin)
 
 
+# -- handlers registered in the store ----------------------------------------------------
+
+
+def _handler_key(call: Call, named: str | None) -> tuple[str | None, str]:
+    rq.refuse_app_id(call.caller.app_id, [named])
+    app_id = call.caller.app_id if call.caller.app_id is not None else named
+    return app_id, call.path("task_type")
+
+
+async def put_handler(call: Call) -> HandlerRegistration:
+    body = rq.body_as(call.body, HandlerBody)
+    app_id, task_type = _handler_key(call, body.app_id)
+    if not body.url.startswith(("http://", "https://")) or len(body.url) > 2000:
+        raise ServiceError(422, "invalid_body", "url must be an http:// or https:// URL")
+    if body.timeout is not None and not 0 < body.timeout <= rq.MAX_SECONDS:
+        raise ServiceError(422, "invalid_body", "timeout must be > 0 seconds")
+    rq.check_int("max_retries", body.max_retries, 0, 1_000_000)
+    rq.check_int("concurrency", body.concurrency, 1, 1_000_000)
+    registration = HandlerRegistration(
+        task_type=task_type,
+        url=body.url,
+        app_id=app_id,
+        timeout=body.timeout,
+        max_retries=body.max_retries,
+        concurrency=body.concurrency,
+    )
+    stored = await call.service.tm.storage.put_handler_registration(registration)
+    await call.service.handlers.refresh()
+    return stored
+
+
+async def list_handlers(call: Call) -> list[HandlerRegistration]:
+    found = await call.service.tm.storage.handler_registrations()
+    return [r for r in found if call.caller.is_admin or r.app_id == call.caller.app_id]
+
+
+async def delete_handler(call: Call) -> Deleted:
+    app_id, task_type = _handler_key(call, rq.query_one(call.request, "app_id"))
+    deleted = await call.service.tm.storage.delete_handler_registration(app_id, task_type)
+    if not deleted:
+        raise ServiceError(404, "not_found", f"no handler registered for {task_type!r}")
+    await call.service.handlers.refresh()
+    return Deleted(deleted=True)
+
+
+# -- reports of detached owners (HttpHandler's 202) ------------------------------------
+
+
+async def _held(call: Call, lease_token: str) -> tuple[Task, Lease]:
+    """The running task of the path and the lease the token stands for."""
+    task = await get_task(call)
+    lease = parse_lease(task.id, lease_token)
+    if lease is None:
+        raise ServiceError(422, "invalid_body", "lease is not a token this task was sent")
+    return task, lease
+
+
+async def _lost(call: Call, task_id: str) -> ServiceError:
+    current = await call.service.tm.storage.get(task_id)
+    if current is not None and current.status is TaskStatus.CANCELLED:
+        reason = (current.cancel_reason or CancelReason.USER).value
+        return ServiceError(409, "cancelled", f"task {task_id} was cancelled ({reason})")
+    return ServiceError(
+        409, "lease_lost", f"this attempt of task {task_id} no longer holds its lease"
+    )
+
+
+async def report_progress(call: Call) -> Task:
+    body = rq.body_as(call.body, ProgressReport)
+    task, lease = await _held(call, body.lease)
+    storage = call.service.tm.storage
+    held = await storage.renew_leases([lease], call.limits.detached_lease_seconds)
+    if task.id not in held:
+        raise await _lost(call, task.id)
+    stop = held[task.id]
+    if stop is not None:
+        # A suspension or shutdown: give the task back without spending the attempt.
+        now = utcnow()
+        await storage.finish_batch(
+            [
+                Finish(
+                    lease=lease,
+                    kind=FinishKind.RELEASE,
+                    outcome=AttemptOutcome.INTERRUPTED,
+                    started_at=task.started_at or now,
+                    finished_at=now,
+                    error=f"cancelled ({stop.value})",
+                )
+            ]
+        )
+        raise ServiceError(409, "cancelled", f"task {task.id} was asked to stop ({stop.value})")
+    progress = None
+    if body.done is not None:
+        if not rq.finite(body.done) or (body.total is not None and not rq.finite(body.total)):
+            raise ServiceError(422, "invalid_body", "done and total must be finite numbers")
+        if body.total is not None and body.total <= 0:
+            raise ServiceError(422, "invalid_body", "total must be > 0")
+        total = task.progress.total if body.total is None else body.total
+        progress = Progress(done=body.done, total=total, message=body.message)
+    data = None if body.data is None else {**task.data, **body.data}
+    if progress is not None or data is not None:
+        await storage.save_progress([ProgressUpdate(lease=lease, progress=progress, data=data)])
+    return await get_task(call)
+
+
+async def report_status(call: Call) -> Task:
+    body = rq.body_as(call.body, StatusReport)
+    task, lease = await _held(call, body.lease)
+    rq.check_seconds("retry_in", body.retry_in, low=0)
+    now = utcnow()
+    result_json = None
+    kind, outcome = _REPORTED[body.status]
+    error = body.error
+    retry_in = 0.0
+    if kind is FinishKind.COMPLETE:
+        result_json = dumps(body.result)
+    elif kind is FinishKind.RETRY:
+        error = error or "the receiver asked for a retry"
+        if task.attempts > task.max_retries:
+            kind = FinishKind.FAIL
+            error = f"{error} (gave up after {task.attempts} attempts)"
+        else:
+            retry_in = (
+                body.retry_in if body.retry_in is not None else RetryPolicy().delay(task.attempts)
+            )
+    elif kind is FinishKind.FAIL:
+        error = error or "the receiver failed the task"
+    finish = Finish(
+        lease=lease,
+        kind=kind,
+        outcome=outcome,
+        started_at=task.started_at or now,
+        finished_at=now,
+        result_json=result_json,
+        error=error,
+        retry_in=retry_in,
+        cancel_reason=CancelReason.USER if kind is FinishKind.CANCEL else None,
+    )
+    (stored,) = await call.service.tm.storage.finish_batch([finish])
+    if stored is None:
+        raise await _lost(call, task.id)
+    return stored
+
+
+_REPORTED = {
+    "completed": (FinishKind.COMPLETE, AttemptOutcome.COMPLETED),
+    "failed": (FinishKind.FAIL, AttemptOutcome.FAILED),
+    "retry": (FinishKind.RETRY, AttemptOutcome.FAILED),
+    "cancelled": (FinishKind.CANCEL, AttemptOutcome.CANCELLED),
+}
+
+
 _STRING = {"type": "string"}
 TASK_ID = Param("task_id", _STRING, "the task's id", where="path")
 JOB_ID = Param("job_id", _STRING, "the external job's id (its owner's choice)", where="path")
+TASK_TYPE = Param("task_type", _STRING, "the task type the handler serves", where="path")
 FILTER_PARAMS = (
     Param(
         "status",
@@ -552,6 +738,57 @@ TASK_ENDPOINTS: tuple[Endpoint, ...] = (
     ),
 )
 
+HANDLER_ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint(
+        "PUT",
+        "/v1/handlers/{task_type}",
+        put_handler,
+        "Register (or replace) the HTTP handler of a task type, in the store",
+        HandlerRegistration,
+        body=HandlerBody,
+        params=(TASK_TYPE,),
+    ),
+    Endpoint(
+        "GET",
+        "/v1/handlers",
+        list_handlers,
+        "The handlers registered in the store (an app token sees its app's)",
+        list[HandlerRegistration],
+    ),
+    Endpoint(
+        "DELETE",
+        "/v1/handlers/{task_type}",
+        delete_handler,
+        "Remove a handler registered in the store",
+        Deleted,
+        params=(
+            TASK_TYPE,
+            Param("app_id", _STRING, "the app of the handler (admin tokens only)"),
+        ),
+        errors=(404,),
+    ),
+    Endpoint(
+        "POST",
+        "/v1/tasks/{task_id}/progress",
+        report_progress,
+        "A detached owner reports progress (and renews its lease)",
+        Task,
+        body=ProgressReport,
+        params=(TASK_ID,),
+        errors=(404, 409),
+    ),
+    Endpoint(
+        "POST",
+        "/v1/tasks/{task_id}/status",
+        report_status,
+        "A detached owner reports the end of its attempt",
+        Task,
+        body=StatusReport,
+        params=(TASK_ID,),
+        errors=(404, 409),
+    ),
+)
+
 EVENT_ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint(
         "GET",
@@ -681,12 +918,13 @@ def create_app(
     if not isinstance(tokens, Tokens):
         tokens = Tokens(tokens)
     service = Service(tm, tokens, limits or Limits())
-    endpoints = (*TASK_ENDPOINTS, *EVENT_ENDPOINTS)
+    endpoints = (*TASK_ENDPOINTS, *HANDLER_ENDPOINTS, *EVENT_ENDPOINTS)
     endpoints = (*endpoints, openapi_endpoint(endpoints))
     service.endpoints = endpoints
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await service.start()
         try:
             yield
         finally:

@@ -37,7 +37,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Self, TypeVar
 from urllib.parse import parse_qsl, quote, unquote
 
-from taskmill.backends.sqlite import schema
+from taskmill.backends.sqlite import registrations, schema
 from taskmill.errors import (
     InvalidTransition,
     InvalidURL,
@@ -64,6 +64,7 @@ from taskmill.storage import (
     Finish,
     FinishKind,
     HandlerKey,
+    HandlerRegistration,
     Lease,
     NewTask,
     ProgressUpdate,
@@ -659,7 +660,10 @@ class SQLiteStorage(TaskStorage):
     """
 
     capabilities = StorageCapabilities(
-        durable=True, shared_between_processes=True, notifications=False
+        durable=True,
+        shared_between_processes=True,
+        notifications=False,
+        handler_registrations=True,
     )
 
     def __init__(
@@ -1117,6 +1121,23 @@ class SQLiteStorage(TaskStorage):
     async def prune_events(self, older_than: timedelta) -> int:
         """Delete the events recorded more than ``older_than`` ago; how many."""
         return await self._run(self._write, _prune_events, older_than)
+
+    # -- handler registrations (registrations.py) -------------------------------------
+
+    async def put_handler_registration(
+        self, registration: HandlerRegistration
+    ) -> HandlerRegistration:
+        """Insert or replace the registration of its (app id, task type)."""
+        return await self._run(self._write, registrations.put_registration, registration)
+
+    async def delete_handler_registration(self, app_id: str | None, task_type: str) -> bool:
+        """Delete one registration; whether it existed."""
+        key = (app_id, task_type)
+        return await self._run(self._write, registrations.delete_registration, key)
+
+    async def handler_registrations(self) -> list[HandlerRegistration]:
+        """Every registration, the host's first, then by app id and task type."""
+        return await self._run(self._read, registrations.registrations, None)
 
 
 # -- operations (run on the database thread, inside _write or _read) --------------------
