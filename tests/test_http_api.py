@@ -323,6 +323,11 @@ async def isolation_probes(http: httpx.AsyncClient, foreign: str) -> dict[tuple[
         ("POST", "/v1/external-jobs/{job_id}/complete"): ({"status": "failed"}, {404}),
         ("PUT", "/v1/external-jobs/{job_id}"): ({"title": "x", "app_id": "music"}, {422}),
         ("GET", "/v1/external-jobs"): (None, {200}),
+        ("PUT", "/v1/handlers/{task_type}"): ({"url": "http://x", "app_id": "music"}, {422}),
+        ("GET", "/v1/handlers"): (None, {200}),
+        ("DELETE", "/v1/handlers/{task_type}"): ({"app_id": "music"}, {422}),
+        ("POST", "/v1/tasks/{task_id}/progress"): ({"lease": "1:w", "done": 1}, {404}),
+        ("POST", "/v1/tasks/{task_id}/status"): ({"lease": "1:w", "status": "failed"}, {404}),
     }
 
 
@@ -339,14 +344,17 @@ async def test_an_app_token_reaches_no_other_apps_task_through_any_route(
     await music.suspend("t")
     job = await http.put("/v1/external-jobs/j1", json={"title": "secret"}, headers=MUSIC)
     assert job.status_code == 200
+    handler = await http.put("/v1/handlers/t", json={"url": "http://secret"}, headers=MUSIC)
+    assert handler.status_code == 200
     before = await tm.get(foreign.id)
     probes = await isolation_probes(http, foreign.id)
     routes = {(e.method, e.path) for e in served_endpoints(app) if not e.public}
     assert routes == set(probes), "every route needs an isolation probe"
     for (method, path), (payload, statuses) in probes.items():
         url = path.replace("{task_id}", foreign.id).replace("{job_id}", "j1")
-        if method == "GET":
-            response = await http.get(url, params=payload, headers=PHOTOS)
+        url = url.replace("{task_type}", "t")
+        if method in ("GET", "DELETE"):
+            response = await http.request(method, url, params=payload, headers=PHOTOS)
         else:
             response = await http.request(method, url, json=payload, headers=PHOTOS)
         assert response.status_code in statuses, (method, path, response.text)
@@ -366,6 +374,8 @@ async def test_an_app_token_reaches_no_other_apps_task_through_any_route(
     (theirs,) = (await http.get("/v1/external-jobs", headers=MUSIC)).json()
     assert theirs["title"] == "secret" and theirs["status"] == "running"
     assert theirs["updated_at"] == job.json()["updated_at"]
+    assert (await http.get("/v1/handlers", headers=PHOTOS)).json() == []
+    assert (await http.get("/v1/handlers", headers=MUSIC)).json() == [handler.json()]
 
 
 # -- the OpenAPI document -------------------------------------------------------------------
