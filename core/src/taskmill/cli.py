@@ -66,7 +66,7 @@ from taskmill.model import (
     TaskStatus,
 )
 from taskmill.operations import handler_hint, unserved_type_message
-from taskmill.plugins import ENTRY_POINT_GROUP, BrokenPlugin, PluginInfo
+from taskmill.plugins import ENTRY_POINT_GROUP, BrokenPlugin, PluginInfo, add_plugin_commands
 from taskmill.registry import Handler
 from taskmill.serialization import to_dict
 from taskmill.settings import (
@@ -429,6 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
         "environment variable, configuration file or default).",
     )
     cmd.add_argument("--json", action="store_true", help="print the settings as JSON")
+    add_plugin_commands(add)  # taskmill_register_commands: e.g. `serve` (taskmill-http)
     return parser
 
 

@@ -12,7 +12,8 @@ A plugin is a module or object whose functions are marked with
   ``hookwrapper`` implementations are not supported (use
   :func:`taskmill_handler_context` to wrap handlers).
 - An exception raised by a notification hook (every hook but
-  :func:`taskmill_register_handlers` and :func:`taskmill_demo_workload`) is logged
+  :func:`taskmill_register_handlers`, :func:`taskmill_register_commands` and
+  :func:`taskmill_demo_workload`) is logged
   with the plugin's name and otherwise ignored: it never stops a worker, another
   plugin, or the write of a task's outcome.
 - Notification hooks are awaited on the worker's (or the caller's) event loop, one after
@@ -32,6 +33,7 @@ import pluggy
 if TYPE_CHECKING:
     from taskmill.context import Context
     from taskmill.model import AttemptOutcome, CancelReason, Task, TaskSpec
+    from taskmill.plugins import CommandRegistrar
     from taskmill.registry import HandlerRegistrar
     from taskmill.worker import Worker
 
@@ -222,6 +224,29 @@ def taskmill_handler_context(
     :param task: the claimed snapshot (RUNNING).
     :param ctx: the handler's :class:`~taskmill.Context`.
     :returns: a context manager, an async context manager, or None (nothing to wrap).
+    """
+
+
+# -- the command line -------------------------------------------------------------------
+
+
+@hookspec
+def taskmill_register_commands(commands: CommandRegistrar) -> None:
+    """Add commands to the ``taskmill`` command line (datasette's ``register_commands``).
+
+    Called once when ``taskmill`` builds its argument parser, with the installed plugins
+    loaded from their entry points (minus ``$TASKMILL_DISABLE_PLUGINS``; a plugin that
+    cannot be loaded is left out with a warning there, so the command line still
+    works). Must be a plain ``def``. A command whose name is taken (by taskmill or by
+    another plugin) is left out with a warning.
+
+    :param commands: call ``commands.add(name, run, summary, description="")`` for each
+        command; it returns the command's ``argparse.ArgumentParser`` for its options.
+        ``run(args, settings)`` is an ``async def`` that gets the parsed
+        ``argparse.Namespace`` and the command's :class:`~taskmill.settings.Settings`
+        (``settings.url``, ``settings.taskmill_options()``, ...) and returns the exit
+        status; a :class:`~taskmill.TaskmillError` it raises is printed as
+        ``error: <message>`` with exit status 2, like taskmill's own commands.
     """
 
 

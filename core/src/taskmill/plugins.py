@@ -21,6 +21,7 @@ hot paths skip a hook without a call.
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import inspect
 import logging
@@ -95,6 +96,48 @@ class BrokenPlugin:
     """That distribution's version."""
     error: str
     """Why it could not be loaded, and what to do (the :class:`PluginError` message)."""
+
+
+CommandRun = Callable[[argparse.Namespace, Any], Awaitable[int]]
+"""What a plugin command runs: ``async def run(args, settings) -> int``."""
+
+
+class CommandRegistrar:
+    """What ``taskmill_register_commands`` receives as ``commands``: adds the plugin's
+    commands to the ``taskmill`` command line."""
+
+    def __init__(
+        self, add: Callable[[str, Any, str, str], argparse.ArgumentParser], source: str
+    ) -> None:
+        self._add = add
+        self.source = source
+        """The plugin adding commands through this object, as warnings name it."""
+        self.names: list[str] = []
+        """The commands added through this object, in order."""
+
+    def add(
+        self, name: str, run: CommandRun, summary: str, description: str = ""
+    ) -> argparse.ArgumentParser:
+        """Add command ``name`` running ``run(args, settings)``; returns its parser.
+
+        :raises PluginError: the name is taken (by taskmill or another plugin).
+        """
+        try:
+            parser = self._add(name, run, summary, description)
+        except argparse.ArgumentError as exc:
+            raise PluginError(f"{self.source}: cannot add command {name!r}: {exc}") from None
+        self.names.append(name)
+        return parser
+
+
+def add_plugin_commands(add: Callable[[str, Any, str, str], argparse.ArgumentParser]) -> None:
+    """Let the installed plugins add their commands (``taskmill_register_commands``)
+    through ``add(name, run, summary, description)``, the command line's own way of
+    adding one. A plugin that cannot be loaded, or whose hook fails, is left out with a
+    warning: the command line must work to diagnose it."""
+    plugins = Plugins()
+    plugins.load_entry_points(strict=False)
+    plugins.register_commands(add)
 
 
 def disabled_names(environ: Mapping[str, str] = os.environ) -> frozenset[str]:
@@ -584,6 +627,26 @@ class Plugins:
                     manager.__exit__(*exc_info)
             except Exception:
                 log.exception("%s: leaving its handler context failed (ignored)", label)
+
+    def register_commands(
+        self, add: Callable[[str, Any, str, str], argparse.ArgumentParser]
+    ) -> None:
+        """Call every plugin's ``taskmill_register_commands`` with a
+        :class:`CommandRegistrar` over ``add``; a failure is logged as a warning and the
+        other plugins go on."""
+        for impl in self._impls["taskmill_register_commands"]:
+            registrar = CommandRegistrar(add, self._label(impl.plugin_name))
+            kwargs = {"commands": registrar}
+            try:
+                result = impl.function(*[kwargs[name] for name in impl.argnames])
+                if inspect.isawaitable(result):
+                    if inspect.iscoroutine(result):
+                        result.close()
+                    raise PluginError(
+                        f"{registrar.source}: taskmill_register_commands must be a plain def"
+                    )
+            except Exception as exc:
+                log.warning("%s: adding its commands failed (left out): %s", registrar.source, exc)
 
     async def demo_workload(
         self, count: int, user_id: str, seed: int | None

@@ -1,5 +1,7 @@
 """The taskmill plugin of taskmill-http (entry point ``http`` in ``taskmill.plugins``).
 
+- ``taskmill serve`` runs the service (see :mod:`taskmill_http.commands`).
+
 - Every worker serves the handlers registered in the store (``PUT /v1/handlers``): they
   are registered as :class:`~taskmill_http.HttpHandler` when the worker starts and kept
   in step while it runs (see :mod:`taskmill_http.stored`). ``worker.tick()`` fires no
@@ -10,8 +12,10 @@
 from __future__ import annotations
 
 from taskmill import hookimpl
+from taskmill.plugins import CommandRegistrar
 from taskmill.worker import Worker
 
+from taskmill_http.commands import add_serve
 from taskmill_http.stored import stored_handlers
 
 
@@ -20,6 +24,11 @@ class HttpPlugin:
 
     refresh_interval: float | None = None
     """Seconds between reads of the stored registrations (None: the default, 1 s)."""
+
+    @hookimpl
+    def taskmill_register_commands(self, commands: CommandRegistrar) -> None:
+        """``taskmill serve``."""
+        add_serve(commands)
 
     @hookimpl
     async def taskmill_worker_started(self, worker: Worker) -> None:

@@ -1,0 +1,108 @@
+"""``taskmill serve``: the service on uvicorn (added through ``taskmill_register_commands``).
+
+``taskmill serve [--url URL] [--host 127.0.0.1] [--port 8080] [--tokens FILE]
+[--worker]``. The tokens file comes from ``--tokens``, else ``$TASKMILL_TOKENS_FILE``;
+there is no default, so a service never starts open to anyone. SIGINT/SIGTERM stop it
+(uvicorn finishes the requests in flight).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+from taskmill.app import Taskmill
+from taskmill.errors import ConfigurationError
+from taskmill.plugins import CommandRegistrar
+
+from taskmill_http.service import create_app
+from taskmill_http.tokens import TOKENS_ENV, Tokens
+
+log = logging.getLogger("taskmill.http")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, except that a SIGINT/SIGTERM that stopped it gracefully is not
+    raised again afterwards: ``taskmill serve`` then exits 0, like ``taskmill worker``."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                self._captured_signals.clear()
+
+
+def add_serve(commands: CommandRegistrar) -> None:
+    """Add ``serve`` to the command line."""
+    cmd = commands.add(
+        "serve",
+        serve,
+        "Serve the task operations over HTTP for other processes (taskmill-http).",
+        f"Requests authenticate with Authorization: Bearer TOKEN; --tokens (or "
+        f"${TOKENS_ENV}) names the TOML file mapping each token to an app id, or to "
+        '"*" for an admin. See docs/service.md.',
+    )
+    cmd.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    cmd.add_argument(
+        "--port", type=int, default=8080, metavar="N", help="port to listen on (default 8080)"
+    )
+    cmd.add_argument(
+        "--tokens", default=None, metavar="FILE", help=f"the tokens file (default: ${TOKENS_ENV})"
+    )
+    cmd.add_argument(
+        "--worker",
+        action="store_true",
+        help="also run a worker in this process (the handlers registered in the store and "
+        "those of the installed plugins), with the worker settings",
+    )
+
+
+async def serve(args: argparse.Namespace, settings: Any) -> int:
+    """Run the service until SIGINT/SIGTERM; exit status 0."""
+    path = args.tokens or os.environ.get(TOKENS_ENV)
+    if not path:
+        raise ConfigurationError(
+            f"taskmill serve needs a tokens file: --tokens FILE or ${TOKENS_ENV} (TOML with "
+            '[tokens] "token" = "app_id", or "*" for an admin)'
+        )
+    tokens = Tokens.from_file(path)
+    tm = Taskmill(settings.url, **settings.taskmill_options())
+    tm.load_plugins(enable=settings.enable_plugins, disable=settings.disable_plugins)
+    async with tm:
+        config = uvicorn.Config(
+            create_app(tm, tokens),
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=5,
+        )
+        server = _Server(config)
+        worker = None
+        running: asyncio.Task[None] | None = None
+        if args.worker:
+            options = {**settings.worker_options(), "handle_signals": False}
+            worker = tm.worker(**options)
+            running = asyncio.create_task(worker.run())
+        print(
+            f"taskmill serve: http://{args.host}:{args.port} ({len(tokens)} tokens"
+            f"{', with a worker' if worker else ''})",
+            file=sys.stderr,
+            flush=True,
+        )
+        try:
+            await server.serve()
+        finally:
+            if worker is not None and running is not None:
+                await worker.stop()
+                await running
+    return 0
