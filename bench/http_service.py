@@ -1,0 +1,325 @@
+"""The service under load: ``taskmill serve`` in a process of its own, clients here.
+
+- ``post``: ``--clients`` concurrent clients (50) each POST /v1/tasks one task at a
+  time, ``--requests`` in all: requests/s and p50/p99 latency.
+- ``batch``: POST /v1/tasks:batch with ``--batch-size`` (1000) tasks per request from a
+  few concurrent clients: tasks/s.
+- ``fanout``: ``--subscribers`` (100) event streams open on GET /v1/events; tasks are
+  enqueued in this process (another ``Taskmill`` on the store) one at a time, and for
+  every subscriber and event the delay from the enqueue's commit (when the call
+  returned) to the event's arrival is measured: p50/p99/max.
+
+    uv run python bench/http_service.py --mode post --url sqlite:///... (or postgresql://)
+
+Results are printed and recorded in bench/results/ with the machine's details.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+from taskmill import Taskmill
+
+RESULTS = Path(__file__).with_name("results")
+TOKEN = "bench-token"
+
+
+def machine() -> dict[str, Any]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "commit": commit,
+        # Other work on the machine skews every figure: recorded beside them.
+        "load_average": os.getloadavg(),
+    }
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Service:
+    """``taskmill serve`` on a free port, in a process of its own."""
+
+    def __init__(self, url: str, workdir: Path) -> None:
+        tokens = workdir / "tokens.toml"
+        tokens.write_text(f'[tokens]\n"{TOKEN}" = "bench"\n')
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from taskmill.cli import main; sys.exit(main())",
+                "serve",
+                "--url",
+                url,
+                "--port",
+                str(self.port),
+                "--tokens",
+                str(tokens),
+                "--log-level",
+                "warning",
+            ],
+            env={**os.environ, "TASKMILL_ENABLE_PLUGINS": "http"},
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{self.base}/openapi.json").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("taskmill serve did not start")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(30)
+
+
+def percentile(values: list[float], pct: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * pct / 100))]
+
+
+class Connection:
+    """A keep-alive HTTP/1.1 connection on raw asyncio streams: a load generator whose
+    own cost stays small beside the service's (httpx's pool costs more than the service
+    at 50 concurrent clients)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def open(cls, port: int) -> Connection:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        return cls(reader, writer)
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        self.writer.write(
+            f"POST {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {TOKEN}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        await self.writer.drain()
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":", 1)[1])
+        return status, await self.reader.readexactly(length)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def bench_post(port: int, clients: int, requests: int) -> dict[str, Any]:
+    latencies: list[float] = []
+    remaining = requests
+    connections = [await Connection.open(port) for _ in range(clients)]
+
+    async def client(connection: Connection, n: int) -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            body = json.dumps({"task_type": "bench-post", "params": {"n": n}}).encode()
+            began = time.perf_counter()
+            status, answer = await connection.post("/v1/tasks", body)
+            latencies.append(time.perf_counter() - began)
+            assert status == 201, answer
+
+    began = time.perf_counter()
+    await asyncio.gather(*(client(c, i) for i, c in enumerate(connections)))
+    elapsed = time.perf_counter() - began
+    for connection in connections:
+        connection.close()
+    return {
+        "requests": requests,
+        "clients": clients,
+        "seconds": round(elapsed, 3),
+        "requests_per_s": round(requests / elapsed, 1),
+        "p50_ms": round(percentile(latencies, 50) * 1000, 2),
+        "p99_ms": round(percentile(latencies, 99) * 1000, 2),
+    }
+
+
+async def bench_batch(base: str, clients: int, batches: int, size: int) -> dict[str, Any]:
+    remaining = batches
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    body = json.dumps([{"task_type": "bench-batch", "params": {"n": i}} for i in range(size)])
+    async with httpx.AsyncClient(base_url=base, timeout=120) as http:
+
+        async def client() -> None:
+            nonlocal remaining
+            while remaining > 0:
+                remaining -= 1
+                response = await http.post("/v1/tasks:batch", content=body, headers=headers)
+                assert response.status_code == 201, response.text[:300]
+
+        began = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        elapsed = time.perf_counter() - began
+    tasks = batches * size
+    return {
+        "tasks": tasks,
+        "batch_size": size,
+        "clients": clients,
+        "seconds": round(elapsed, 3),
+        "tasks_per_s": round(tasks / elapsed, 1),
+    }
+
+
+async def subscriber(
+    port: int, ready: asyncio.Event, arrivals: dict[str, list[float]], opened: list[int]
+) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        f"GET /v1/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()
+    )
+    await writer.drain()
+    opened.append(1)
+    try:
+        while True:
+            line = await reader.readline()
+            if not line:
+                return
+            if line.startswith(b"data: "):
+                text = line[6:]
+                if b'"kind":"enqueued"' in text:
+                    task_id = json.loads(text)["task"]["id"]
+                    arrivals.setdefault(task_id, []).append(time.perf_counter())
+            if line.startswith(b"event: ready"):
+                ready.set()
+    finally:
+        writer.close()
+
+
+async def bench_fanout(url: str, port: int, subscribers: int, events: int) -> dict[str, Any]:
+    arrivals: dict[str, list[float]] = {}
+    opened: list[int] = []
+    readies = [asyncio.Event() for _ in range(subscribers)]
+    readers = [asyncio.create_task(subscriber(port, ready, arrivals, opened)) for ready in readies]
+    await asyncio.gather(*(r.wait() for r in readies))
+    committed: dict[str, float] = {}
+    async with Taskmill(url, plugins=False) as tm:
+        bench = tm.for_app("bench")
+        for i in range(events):
+            task = await bench.enqueue("bench-fanout", {"i": i})
+            committed[task.id] = time.perf_counter()
+            await asyncio.sleep(0.02)
+        deadline = time.monotonic() + 30
+        while sum(len(v) for v in arrivals.values()) < subscribers * events:
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
+    for reader in readers:
+        reader.cancel()
+    await asyncio.gather(*readers, return_exceptions=True)
+    delays = [
+        (at - committed[task_id]) * 1000
+        for task_id, times in arrivals.items()
+        if task_id in committed
+        for at in times
+    ]
+    return {
+        "subscribers": subscribers,
+        "events": events,
+        "deliveries": len(delays),
+        "expected_deliveries": subscribers * events,
+        "p50_ms": round(percentile(delays, 50), 2),
+        "p99_ms": round(percentile(delays, 99), 2),
+        "max_ms": round(max(delays), 2),
+        "mean_ms": round(statistics.fmean(delays), 2),
+    }
+
+
+def backend_of(url: str) -> str:
+    return url.split(":", 1)[0]
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        url = args.url or f"sqlite:///{Path(tmp) / 'bench.db'}"
+        async with Taskmill(url, plugins=False):
+            pass  # create the schema before the service opens it
+        service = Service(url, Path(tmp))
+        try:
+            if args.mode == "post":
+                result = await bench_post(service.port, args.clients, args.requests)
+            elif args.mode == "batch":
+                result = await bench_batch(
+                    service.base, args.batch_clients, args.batches, args.batch_size
+                )
+            else:
+                result = await bench_fanout(url, service.port, args.subscribers, args.events)
+        finally:
+            service.stop()
+        async with Taskmill(url, plugins=False) as tm:
+            from taskmill import TaskFilter
+
+            for task_type in ("bench-post", "bench-batch", "bench-fanout"):
+                await tm.cancel_by_filter(TaskFilter(task_types=(task_type,)))
+            await tm.cleanup(__import__("datetime").timedelta(0))
+    return {"mode": args.mode, "backend": backend_of(url), **result}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=["post", "batch", "fanout"], default="post")
+    parser.add_argument("--url", default=None, help="store URL (default: a fresh SQLite file)")
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--batch-clients", type=int, default=2)
+    parser.add_argument("--batches", type=int, default=40)
+    parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument("--subscribers", type=int, default=100)
+    parser.add_argument("--events", type=int, default=200)
+    parser.add_argument("--no-record", action="store_true")
+    args = parser.parse_args()
+    result = asyncio.run(run(args))
+    result["machine"] = machine()
+    result["recorded_at"] = datetime.now(UTC).isoformat()
+    print(json.dumps(result, indent=2))
+    if not args.no_record:
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        path = RESULTS / f"http-{args.mode}-{stamp}-{result['backend']}.json"
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"recorded in {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
