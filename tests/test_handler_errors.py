@@ -16,7 +16,7 @@ def test_a_handler_without_ctx_is_refused_at_registration_with_the_signature_to_
     tm = Taskmill("memory://", plugins=False)
     with pytest.raises(InvalidHandler) as caught:
 
-        @tm.handler("resize")
+        @tm.handler("resize")  # type: ignore[type-var]
         async def resize(params: dict[str, Any]) -> None: ...
 
     message = str(caught.value)
