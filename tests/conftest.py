@@ -171,3 +171,12 @@ async def tm(backend_url: str) -> AsyncIterator[Taskmill]:
     """An opened ``Taskmill`` on a fresh store, without plugins."""
     async with Taskmill(backend_url, plugins=False) as taskmill:
         yield taskmill
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh store shared across processes: a SQLite file, or a PostgreSQL schema of
+    this test alone (the tests that need real processes or servers run on both)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'tasks.db'}"
+    return str(request.getfixturevalue("postgres_url"))

@@ -29,13 +29,6 @@ from tests.http_support import TOKENS, serve
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'tasks.db'}"
-    return request.getfixturevalue("postgres_url")
-
-
 @pytest.fixture
 async def tm(store_url: str) -> AsyncIterator[Taskmill]:
     async with Taskmill(store_url, plugins=False) as taskmill:

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,13 +18,6 @@ from taskmill_http.events_client import ServerEvent, server_events
 from tests.http_support import TOKENS, serve, wait_for
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'tasks.db'}"
-    return request.getfixturevalue("postgres_url")
 
 
 @pytest.fixture

@@ -33,13 +33,6 @@ MUSIC = {"Authorization": "Bearer tok-music"}
 DETACHED = pytest.mark.xfail(strict=True, reason="needs worker support for detached attempts")
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'tasks.db'}"
-    return request.getfixturevalue("postgres_url")
-
-
 @pytest.fixture
 async def service_tm(store_url: str) -> AsyncIterator[Taskmill]:
     async with Taskmill(store_url, plugins=False) as tm:

@@ -25,7 +25,7 @@ import pytest
 from taskmill import Attempt, AttemptOutcome, CancelReason, TaskFilter, Taskmill, TaskStatus
 from taskmill.testing import wait_until
 
-from tests.conftest import POSTGRES_URL, drop_schema, new_schema_name, require_postgres, with_query
+from tests.conftest import POSTGRES_URL
 
 pytestmark = pytest.mark.slow
 
@@ -71,17 +71,6 @@ def workers() -> Iterator[list[Worker]]:
     yield started
     for worker in started:
         worker.kill()
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'stress.db'}"
-        return
-    require_postgres()
-    schema = new_schema_name()
-    yield with_query(POSTGRES_URL, schema=schema)
-    drop_schema(schema)
 
 
 @pytest.fixture
