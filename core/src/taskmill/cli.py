@@ -113,6 +113,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error(str(exc))
         return EXIT_ERROR
     except KeyboardInterrupt:
+        # A driver's half-open connection, abandoned by the interrupt, can report
+        # "Future exception was never retrieved" when it is collected: noise, not news.
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
         _error("interrupted")
         return EXIT_INTERRUPTED
 

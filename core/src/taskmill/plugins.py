@@ -136,7 +136,9 @@ def add_plugin_commands(add: Callable[[str, Any, str, str], argparse.ArgumentPar
     adding one. A plugin that cannot be loaded, or whose hook fails, is left out with a
     warning: the command line must work to diagnose it."""
     plugins = Plugins()
-    plugins.load_entry_points(strict=False)
+    # Quietly: the command that runs loads the plugins again and reports what is broken
+    # or unmatched by its own policy (a failure for commands that run tasks).
+    plugins.load_entry_points(strict=False, warn=False)
     plugins.register_commands(add)
 
 
@@ -152,8 +154,9 @@ def enabled_names(environ: Mapping[str, str] = os.environ) -> frozenset[str] | N
     return names or None
 
 
-def _broken(info: PluginInfo, error: Exception) -> BrokenPlugin:
-    log.warning("%s (left out: this command goes on without it)", error)
+def _broken(info: PluginInfo, error: Exception, *, warn: bool = True) -> BrokenPlugin:
+    if warn:
+        log.warning("%s (left out: this command goes on without it)", error)
     return BrokenPlugin(
         name=info.name, distribution=info.distribution, version=info.version, error=str(error)
     )
@@ -220,6 +223,7 @@ class Plugins:
         strict: bool = True,
         enable_from: str = ENABLE_ENV,
         disable_from: str = DISABLE_ENV,
+        warn: bool = True,
     ) -> None:
         """Load and register every plugin of the ``taskmill.plugins`` entry-point group
         that is not loaded yet, except those the lists leave out.
@@ -235,6 +239,7 @@ class Plugins:
             (with a warning) and goes on with the others, instead of raising.
         :param enable_from: how warnings name where ``enable`` came from.
         :param disable_from: how warnings name where ``disable`` came from.
+        :param warn: False records broken and unmatched plugins without logging them.
         :raises PluginError: (``strict`` only) a plugin failed to import or is not a
             valid plugin; the plugins loaded before it stay loaded (see :meth:`unload`).
         """
@@ -278,7 +283,7 @@ class Plugins:
             except PluginError as exc:
                 if strict:
                     raise
-                broken.append(_broken(info, exc))
+                broken.append(_broken(info, exc, warn=warn))
                 continue
             self._from_entry_points.add(ep.name)
         self.disabled = tuple(disabled)
@@ -288,13 +293,14 @@ class Plugins:
         for names, source in ((skip, disable_from), (only or (), enable_from)):
             for name in sorted(set(names) - seen):
                 close = difflib.get_close_matches(name, sorted(seen), n=1)
-                log.warning(
-                    "%s names %r, which matches no installed plugin%s; installed: %s",
-                    source,
-                    name,
-                    f" (did you mean {close[0]!r}?)" if close else "",
-                    ", ".join(sorted(seen)) or "none",
-                )
+                if warn:
+                    log.warning(
+                        "%s names %r, which matches no installed plugin%s; installed: %s",
+                        source,
+                        name,
+                        f" (did you mean {close[0]!r}?)" if close else "",
+                        ", ".join(sorted(seen)) or "none",
+                    )
                 unmatched.append(name)
         self.unmatched = tuple(unmatched)
 
