@@ -14,6 +14,7 @@ from typing import Any, TypeAlias
 
 import attrs
 
+from taskmill import filters
 from taskmill.errors import InvalidTaskSpec
 
 JSON: TypeAlias = Any
@@ -205,17 +206,9 @@ class TaskFilter:
     created_before: datetime | None = attrs.field(default=None, validator=_utc)
 
     def matches(self, task: Task) -> bool:
-        """True when ``task`` is selected by this filter (the reference semantics)."""
-        return (
-            (self.app_id is None or task.app_id == self.app_id)
-            and (self.task_types is None or task.task_type in self.task_types)
-            and (self.statuses is None or task.status in self.statuses)
-            and (self.parent_id is None or task.parent_id == self.parent_id)
-            and (self.user_id is None or task.user_id == self.user_id)
-            and (self.dedupe_key is None or task.dedupe_key == self.dedupe_key)
-            and (self.created_after is None or task.created_at > self.created_after)
-            and (self.created_before is None or task.created_at < self.created_before)
-        )
+        """True when ``task`` is selected by this filter (the reference semantics,
+        :func:`taskmill.filters.matches`)."""
+        return filters.matches(self, task)
 
 
 @attrs.frozen
