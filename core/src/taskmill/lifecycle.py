@@ -15,6 +15,7 @@ The rules:
 - **The stop request** (:func:`finish_kind`): a RETRY or FAIL of a task asked to stop
   (SUSPENDED, SHUTDOWN) is a RELEASE; storage applies this against the stored row.
 - **Rescue** (:data:`RESCUES`, :func:`rescue_case`): what an expired lease becomes.
+- **Cancellation** (:data:`CANCELLATION`): a terminal ``cancel()`` of an active task.
 - **Aliases** (:data:`ALIAS_FIELDS`, :func:`settles_aliases`): a dedupe leader that
   reaches a terminal status gives every alias still PENDING its status, result, error
   and cancel reason, and the event of that status.
@@ -49,6 +50,7 @@ from taskmill.storage import FinishKind
 
 __all__ = [
     "ALIAS_FIELDS",
+    "CANCELLATION",
     "DEFAULT_CANCEL_REASON",
     "FINISHES",
     "FINISH_TABLE",
@@ -63,6 +65,7 @@ __all__ = [
     "Write",
     "apply_transition",
     "attempt_kind",
+    "cancel_error",
     "check_redrive",
     "finish_kind",
     "has_retry_budget",
@@ -258,6 +261,27 @@ class RescueCase(enum.Enum):
     """No request, no budget: FAILED."""
 
 
+CANCELLATION: Final = Transition(
+    status=TaskStatus.CANCELLED,
+    event=EventKind.CANCELLED,
+    gives_back_attempt=False,
+    run_at=RunAt.KEEP,
+    result=Write.KEEP,
+    error=Write.KEEP,
+    cancel_reason=Write.SET,
+    outcome=AttemptOutcome.CANCELLED,
+)
+"""``cancel()`` with a terminal reason (USER, PREEMPTED) of an active task, PENDING or
+RUNNING: CANCELLED at once with that reason. A RUNNING task's attempt is logged
+CANCELLED with the error ``cancelled (<reason>)`` (:func:`cancel_error`); its worker
+finds its lease gone."""
+
+
+def cancel_error(reason: CancelReason) -> str:
+    """The error logged for an attempt cancelled for ``reason``."""
+    return f"cancelled ({reason.value})"
+
+
 RESCUE_ERROR: Final = "lease expired"
 """The error a rescue writes (and logs for the LOST attempt)."""
 
@@ -358,28 +382,24 @@ def apply_transition(
     ``RunAt.LATER``); ``changes`` are written as well (the finish's data and progress,
     which a requeue then resets).
     """
-    values: dict[str, Any] = dict(changes)
-    for name, write, value in (
-        ("result", transition.result, result),
-        ("error", transition.error, error),
-        ("cancel_reason", transition.cancel_reason, cancel_reason),
-    ):
-        if write is Write.SET:
-            values[name] = value
-        elif write is Write.CLEAR:
-            values[name] = None
+    values = changes
+    if transition.result is not Write.KEEP:
+        values["result"] = result if transition.result is Write.SET else None
+    if transition.error is not Write.KEEP:
+        values["error"] = error if transition.error is Write.SET else None
+    if transition.cancel_reason is not Write.KEEP:
+        values["cancel_reason"] = cancel_reason if transition.cancel_reason is Write.SET else None
     if transition.run_at is RunAt.NOW:
         values["run_at"] = now
     elif transition.run_at is RunAt.LATER:
         values["run_at"] = run_later or now
-    if transition.terminal:
+    if transition.status.terminal:
         values["finished_at"] = now
     else:
         values["progress"] = NO_PROGRESS  # the next attempt starts from nothing
-    attempts = task.attempts - 1 if transition.gives_back_attempt else task.attempts
     return task.evolve(
         status=transition.status,
-        attempts=attempts,
+        attempts=task.attempts - 1 if transition.gives_back_attempt else task.attempts,
         updated_at=now,
         worker_id=None,
         lease_expires_at=None,

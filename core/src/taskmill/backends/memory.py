@@ -19,7 +19,24 @@ from typing import Any, Self
 
 import attrs
 
-from taskmill.errors import InvalidTransition, InvalidURL, StorageUnavailable, TaskNotFound
+from taskmill.errors import InvalidURL, StorageUnavailable, TaskNotFound
+from taskmill.lifecycle import (
+    CANCELLATION,
+    DEFAULT_CANCEL_REASON,
+    FINISHES,
+    RESCUE_ERROR,
+    RESCUES,
+    TERMINAL_EVENTS,
+    Transition,
+    apply_transition,
+    cancel_error,
+    check_redrive,
+    finish_kind,
+    key_taken,
+    rescue_case,
+    settle_alias,
+    settles_aliases,
+)
 from taskmill.model import (
     NO_PROGRESS,
     Attempt,
@@ -51,11 +68,8 @@ from taskmill.storage import (
 
 _PENDING = TaskStatus.PENDING
 _RUNNING = TaskStatus.RUNNING
-_TERMINAL_EVENT = {
-    TaskStatus.COMPLETED: EventKind.COMPLETED,
-    TaskStatus.FAILED: EventKind.FAILED,
-    TaskStatus.CANCELLED: EventKind.CANCELLED,
-}
+assert CANCELLATION.outcome is not None
+CANCELLED_OUTCOME = CANCELLATION.outcome
 _NO_RESULT = (None, "null")  # most handlers return None: skip parsing it
 QueueKey = tuple[str | None, str]
 _ReadyEntry = tuple[int, int, str]  # (-priority, seq, task id)
@@ -270,55 +284,27 @@ class MemoryStorage(TaskStorage):
         )
         self._log[attempt.task_id] = (*self._log.get(attempt.task_id, ()), row)
 
-    def _settle(
-        self,
-        task: Task,
-        status: TaskStatus,
-        now_ts: float,
-        *,
-        attempts: int | None = None,
-        run_at: datetime | None = None,
-        pending_kind: EventKind = EventKind.REQUEUED,
-        **changes: Any,
-    ) -> Task:
-        """Write a transition out of RUNNING (or PENDING) and follow its consequences:
+    def _settle(self, task: Task, transition: Transition, now_ts: float, **values: Any) -> Task:
+        """Write ``transition`` out of RUNNING (or PENDING) and follow its consequences:
         requeue, free the dedupe key, settle the aliases, and record the events."""
         now = from_timestamp(now_ts)
-        if status.terminal:
-            changes["finished_at"] = now
-        elif status is _PENDING:
-            changes["progress"] = NO_PROGRESS  # the next attempt starts from nothing
-        task = task.evolve(
-            status=status,
-            attempts=task.attempts if attempts is None else attempts,
-            run_at=run_at or task.run_at,
-            updated_at=now,
-            worker_id=None,
-            lease_expires_at=None,
-            **changes,
-        )
+        task = apply_transition(task, transition, now, **values)
         self._tasks[task.id] = task
         self._running.discard(task.id)
-        kind = pending_kind if status is _PENDING else _TERMINAL_EVENT[status]
-        self._emit(kind, task, now_ts)
-        if status is _PENDING:
+        self._emit(transition.event, task, now_ts)
+        if transition.requeues:
             self._queue(task, now_ts)
         elif task.dedupe_key is not None:
             scope = (task.app_id, task.task_type, task.dedupe_key)
             if self._leaders.get(scope) == task.id:
                 del self._leaders[scope]
-            for alias_id in self._aliases.pop(task.id, ()):
-                alias = self._tasks.get(alias_id)
-                if alias is not None and alias.status is _PENDING:
-                    alias = self._tasks[alias_id] = alias.evolve(
-                        status=status,
-                        result=task.result,
-                        error=task.error,
-                        cancel_reason=task.cancel_reason,
-                        finished_at=now,
-                        updated_at=now,
-                    )
-                    self._emit(kind, alias, now_ts)
+            if settles_aliases(task.status, task.dedupe_key, task.alias_of):
+                kind = TERMINAL_EVENTS[task.status]
+                for alias_id in self._aliases.pop(task.id, ()):
+                    alias = self._tasks.get(alias_id)
+                    if alias is not None and alias.status is _PENDING:
+                        alias = self._tasks[alias_id] = settle_alias(alias, task, now)
+                        self._emit(kind, alias, now_ts)
         return task
 
     async def finish_batch(self, finishes: Sequence[Finish]) -> list[Task | None]:
@@ -330,60 +316,27 @@ class MemoryStorage(TaskStorage):
             if task is None:
                 results.append(None)
                 continue
-            kind = finish.kind
-            requested = task.cancel_reason
-            if requested is not None and kind in (FinishKind.RETRY, FinishKind.FAIL):
-                kind = FinishKind.RELEASE
+            kind = finish_kind(finish.kind, stop_requested=task.cancel_reason is not None)
+            transition = FINISHES[kind]
             extra: dict[str, Any] = {}
             if finish.data is not None:
                 extra["data"] = finish.data
             if finish.progress is not None:
                 extra["progress"] = finish.progress
-            outcome = finish.outcome
             if kind is FinishKind.COMPLETE:
                 result_json = finish.result_json
-                result = None if result_json in _NO_RESULT else loads(result_json)
-                task = self._settle(
-                    task,
-                    TaskStatus.COMPLETED,
-                    now_ts,
-                    result=result,
-                    error=None,
-                    cancel_reason=None,
-                    **extra,
-                )
+                extra["result"] = None if result_json in _NO_RESULT else loads(result_json)
             elif kind is FinishKind.RETRY:
-                task = self._settle(
-                    task,
-                    _PENDING,
-                    now_ts,
-                    run_at=from_timestamp(now_ts + finish.retry_in),
-                    pending_kind=EventKind.RETRYING,
-                    error=finish.error,
-                    **extra,
-                )
-            elif kind is FinishKind.FAIL:
-                task = self._settle(task, TaskStatus.FAILED, now_ts, error=finish.error, **extra)
-            elif kind is FinishKind.RELEASE:
-                outcome = AttemptOutcome.INTERRUPTED
-                task = self._settle(
-                    task,
-                    _PENDING,
-                    now_ts,
-                    attempts=task.attempts - 1,
-                    run_at=from_timestamp(now_ts),
-                    cancel_reason=None,
-                    **extra,
-                )
-            else:
-                task = self._settle(
-                    task,
-                    TaskStatus.CANCELLED,
-                    now_ts,
-                    cancel_reason=finish.cancel_reason or CancelReason.USER,
-                    error=finish.error,
-                    **extra,
-                )
+                extra["run_later"] = from_timestamp(now_ts + finish.retry_in)
+            task = self._settle(
+                task,
+                transition,
+                now_ts,
+                error=finish.error,
+                cancel_reason=finish.cancel_reason or DEFAULT_CANCEL_REASON,
+                **extra,
+            )
+            outcome = transition.outcome or finish.outcome
             self._log_attempt(
                 Attempt(
                     task_id=task.id,
@@ -444,21 +397,9 @@ class MemoryStorage(TaskStorage):
             if task.lease_expires_at is None or task.lease_expires_at > now:
                 continue
             worker_id, number, started = task.worker_id, task.attempts, task.started_at
-            if task.cancel_reason is not None and task.cancel_reason.terminal:
-                task = self._settle(task, TaskStatus.CANCELLED, now_ts)
-            elif task.cancel_reason is not None:
-                task = self._settle(
-                    task,
-                    _PENDING,
-                    now_ts,
-                    attempts=task.attempts - 1,
-                    run_at=now,
-                    cancel_reason=None,
-                )
-            elif task.attempts < task.max_retries + 1:
-                task = self._settle(task, _PENDING, now_ts, run_at=now, error="lease expired")
-            else:
-                task = self._settle(task, TaskStatus.FAILED, now_ts, error="lease expired")
+            transition = RESCUES[rescue_case(task.cancel_reason, task.attempts, task.max_retries)]
+            task = self._settle(task, transition, now_ts, error=RESCUE_ERROR)
+            assert transition.outcome is not None  # a rescue logs its own outcome
             self._log_attempt(
                 Attempt(
                     task_id=task_id,
@@ -466,8 +407,8 @@ class MemoryStorage(TaskStorage):
                     worker_id=worker_id or "",
                     started_at=started or now,
                     finished_at=now,
-                    outcome=AttemptOutcome.LOST,
-                    error="lease expired",
+                    outcome=transition.outcome,
+                    error=RESCUE_ERROR,
                 )
             )
             rescued.append(task)
@@ -478,24 +419,13 @@ class MemoryStorage(TaskStorage):
         task = self._tasks.get(task_id)
         if task is None:
             raise TaskNotFound(f"no task {task_id}")
-        if task.status not in (TaskStatus.FAILED, TaskStatus.CANCELLED):
-            raise InvalidTransition(
-                f"task {task_id} is {task.status.value}; only failed or cancelled tasks "
-                "can be retried"
-            )
-        if task.alias_of is not None:
-            raise InvalidTransition(
-                f"task {task_id} is an alias of {task.alias_of}; retry the leader"
-            )
+        check_redrive(task_id, task.status, task.alias_of)
         now_ts = wall_clock()
         now = from_timestamp(now_ts)
         if task.dedupe_key is not None:
             scope = (task.app_id, task.task_type, task.dedupe_key)
             if scope in self._leaders:
-                raise InvalidTransition(
-                    f"task {task_id} cannot be retried: task {self._leaders[scope]} is "
-                    f"already active for dedupe key {task.dedupe_key!r}"
-                )
+                raise key_taken(task_id, self._leaders[scope], task.dedupe_key)
             self._leaders[scope] = task.id
         task = task.evolve(
             status=_PENDING,
@@ -636,8 +566,8 @@ class MemoryStorage(TaskStorage):
                         worker_id=task.worker_id or "",
                         started_at=task.started_at or now,
                         finished_at=now,
-                        outcome=AttemptOutcome.CANCELLED,
-                        error=f"cancelled ({reason.value})",
+                        outcome=CANCELLED_OUTCOME,
+                        error=cancel_error(reason),
                     )
                 )
             # Decided before settling: only aliases still pending change with their leader.
@@ -646,7 +576,7 @@ class MemoryStorage(TaskStorage):
                 for alias_id in self._aliases.get(task_id, ())
                 if (alias := self._tasks.get(alias_id)) is not None and alias.status is _PENDING
             ]
-            changed.append(self._settle(task, TaskStatus.CANCELLED, now_ts, cancel_reason=reason))
+            changed.append(self._settle(task, CANCELLATION, now_ts, cancel_reason=reason))
             for alias_id in following:
                 settled.add(alias_id)
                 changed.append(self._tasks[alias_id])

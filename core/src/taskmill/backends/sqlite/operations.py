@@ -43,6 +43,7 @@ from taskmill.backends.sqlite.rows import (
 )
 from taskmill.errors import TaskNotFound
 from taskmill.lifecycle import (
+    CANCELLATION,
     DEFAULT_CANCEL_REASON,
     FINISHES,
     RELEASED_ON_STOP,
@@ -50,6 +51,7 @@ from taskmill.lifecycle import (
     RESCUES,
     TERMINAL_EVENTS,
     Transition,
+    cancel_error,
     check_redrive,
     finish_kind,
     key_taken,
@@ -87,7 +89,9 @@ _TERMINAL_VALUES: Final = frozenset(_TERMINAL_EVENT)
 _REQUEUED: Final = EventKind.REQUEUED.value
 _STARTED: Final = EventKind.STARTED.value
 _CANCEL_REQUESTED: Final = EventKind.CANCEL_REQUESTED.value
-_CANCELLED_EVENT: Final = TERMINAL_EVENTS[TaskStatus.CANCELLED].value
+_CANCELLED_EVENT: Final = CANCELLATION.event.value
+assert CANCELLATION.outcome is not None
+_CANCELLED_OUTCOME: Final = CANCELLATION.outcome.value
 _PROGRESS: Final = EventKind.PROGRESS.value
 _COMPLETED: Final = AttemptOutcome.COMPLETED.value
 _APPLIED: Final = {
@@ -559,7 +563,7 @@ def cancel(
     first = {r[1]: position[r[1]] for r in active}
     direct = [r[1] for r in active if first.get(r[6], len(targets)) > position[r[1]]]
     for chunk in _chunks(direct):
-        for row in conn.execute(sql.cancel_sql(len(chunk)), [reason.value, now, now, *chunk]):
+        for row in conn.execute(sql.cancel_sql(len(chunk)), [reason.value, now, *chunk]):
             rows[row[ID]] = row
     done: set[str] = set()
     for task_id in targets:
@@ -575,8 +579,8 @@ def cancel(
             for alias in _settle_aliases(conn, row, now, events):
                 done.add(alias[ID])
                 changed.append(alias)
-    error = f"cancelled ({reason.value})"
-    cancelled = AttemptOutcome.CANCELLED.value
+    error = cancel_error(reason)
+    cancelled = _CANCELLED_OUTCOME
     log = [
         (
             seq, task_id, attempts, worker_id or "",

@@ -18,6 +18,7 @@ from typing import Any, Final
 from taskmill.backends.sqlite.rows import TASK_COLUMNS, as_micros
 from taskmill.lifecycle import (
     ALIAS_FIELDS,
+    CANCELLATION,
     FINISHES,
     RELEASED_ON_STOP,
     RESCUE_ERROR,
@@ -361,11 +362,13 @@ def marks(n: int) -> str:
     return ", ".join("?" * n)
 
 
+_CANCELLATION_SET: Final = set_clause(CANCELLATION, Sources(now="?2", cancel_reason="?1"))
+
+
 def cancel_sql(n: int) -> str:
-    """Cancel ``n`` active tasks by id (parameters: reason, now, now, the ids)."""
+    """Cancel ``n`` active tasks by id (parameters: reason, now, the ids)."""
     return (
-        "UPDATE tasks SET status = 'cancelled', cancel_reason = ?, finished_at = ?, "
-        f"updated_at = ?, {LEASE_CLEARED} "
+        f"UPDATE tasks SET {_CANCELLATION_SET}, updated_at = ?2, {LEASE_CLEARED} "
         f"WHERE id IN ({marks(n)}) AND status IN ('pending', 'running') "
         f"RETURNING {TASK_COLUMNS}"
     )
