@@ -54,6 +54,7 @@ __all__ = [
     "DEFAULT_CANCEL_REASON",
     "FINISHES",
     "FINISH_TABLE",
+    "REDRIVE_EVENT",
     "RELEASED_ON_STOP",
     "RESCUES",
     "RESCUE_ERROR",
@@ -405,6 +406,10 @@ def apply_transition(
         lease_expires_at=None,
         **values,
     )
+
+
+REDRIVE_EVENT: Final = EventKind.REQUEUED
+"""The event of a redrive: back to PENDING with a fresh retry budget."""
 
 
 def check_redrive(task_id: str, status: TaskStatus, alias_of: str | None) -> None:

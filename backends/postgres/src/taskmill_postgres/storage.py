@@ -36,13 +36,20 @@ import asyncpg
 import attrs
 from taskmill.errors import (
     InvalidTaskSpec,
-    InvalidTransition,
     StorageUnavailable,
     TaskNotFound,
+)
+from taskmill.lifecycle import (
+    CANCELLATION,
+    REDRIVE_EVENT,
+    cancel_error,
+    check_redrive,
+    key_taken,
 )
 from taskmill.model import (
     Attempt,
     CancelReason,
+    EventKind,
     ProgressSummary,
     SuspensionScope,
     Task,
@@ -115,6 +122,9 @@ _FINISH_KIND: Final = {
 }
 _NO_PROGRESS: Final = (False, None, None, None)
 _CLEANED_BY_DEFAULT: Final = frozenset({TaskStatus.COMPLETED, TaskStatus.CANCELLED})
+
+_CANCELLED: Final = CANCELLATION.event.value
+_CANCEL_REQUESTED: Final = EventKind.CANCEL_REQUESTED.value
 
 
 class _Events:
@@ -332,16 +342,9 @@ class PostgresStorage(TaskStorage):
 
     async def _check_schema(self, conn: Conn, auto_migrate: bool) -> None:
         name = self.schema
-        tables = await schema.schema_tables(conn, name)
-        version = await schema.stored_version(conn, name)
-        if version is None:
-            raise schema.foreign_schema_error(self.where, name, tables)
-        expected = schema.latest_version()
-        if version > expected:
-            raise schema.newer_version_error(self.where, name, version, expected)
-        if version < expected and tables and not auto_migrate:
-            raise schema.older_version_error(self.where, name, redact(self.url), version, expected)
-        if version < expected:
+        url = redact(self.url)
+        version = await schema.check(conn, name, self.where, url, auto_migrate=auto_migrate)
+        if version < schema.latest_version():
             await schema.apply_pending(conn, name, self.where)
 
     async def close(self) -> None:
@@ -671,27 +674,20 @@ class PostgresStorage(TaskStorage):
             if found is None:
                 raise TaskNotFound(f"no task {task_id}")
             seq, status, alias_of, app_id, task_type, dedupe_key = found
-            if status not in ("failed", "cancelled"):
-                raise InvalidTransition(
-                    f"task {task_id} is {status}; only failed or cancelled tasks can be retried"
-                )
-            if alias_of is not None:
-                raise InvalidTransition(
-                    f"task {task_id} is an alias of {alias_of}; retry the leader"
-                )
+            check_redrive(task_id, rows.STATUS[status], alias_of)
             if dedupe_key is not None:
                 leader = await conn.fetchval(self.sql.find_leader, app_id, task_type, dedupe_key)
                 if leader is not None:
-                    raise _leader_active(task_id, leader, dedupe_key)
+                    raise key_taken(task_id, leader, dedupe_key)
             try:
                 async with conn.transaction():  # a savepoint: the unique index may refuse
                     row = await conn.fetchrow(self.sql.redrive, seq)
                     assert row is not None  # the row is locked: it exists
             except asyncpg.exceptions.UniqueViolationError:
                 leader = await conn.fetchval(self.sql.find_leader, app_id, task_type, dedupe_key)
-                raise _leader_active(task_id, leader, dedupe_key) from None
+                raise key_taken(task_id, str(leader), dedupe_key) from None
             events = _Events()
-            events.add(seq, "requeued", "pending")
+            events.add(seq, REDRIVE_EVENT.value, "pending")
             await self._append_events(conn, events, [StoreChange.WORK])
             return rows.task(row)
 
@@ -886,7 +882,7 @@ class PostgresStorage(TaskStorage):
         changed = [found[i] for i in targets if i in found]
         events = _Events()
         for row in changed:
-            events.add(row[rows.SEQ], "cancel_requested", "running")
+            events.add(row[rows.SEQ], _CANCEL_REQUESTED, "running")
         await self._append_events(conn, events, [StoreChange.CONTROL])
         return [rows.task(r) for r in changed]
 
@@ -917,11 +913,11 @@ class PostgresStorage(TaskStorage):
                 continue
             done.add(task_id)
             changed.append(row)
-            events.add(row[rows.SEQ], "cancelled", "cancelled")
+            events.add(row[rows.SEQ], _CANCELLED, "cancelled")
             for alias in aliases.get(row[rows.SEQ], ()):
                 done.add(alias[rows.ID])
                 changed.append(alias)
-                events.add(alias[rows.SEQ], "cancelled", "cancelled")
+                events.add(alias[rows.SEQ], _CANCELLED, "cancelled")
         running = [r for r in active if r["status"] == "running"]
         if running:
             await conn.execute(
@@ -930,7 +926,7 @@ class PostgresStorage(TaskStorage):
                 [r["attempts"] for r in running],
                 [r["worker_id"] or "" for r in running],
                 [r["started_at"] for r in running],
-                f"cancelled ({reason.value})",
+                cancel_error(reason),
             )
         await self._append_events(conn, events, [StoreChange.CONTROL] if running else [])
         return [rows.task(r) for r in changed]
@@ -1072,13 +1068,6 @@ class PostgresStorage(TaskStorage):
             return list(await conn.fetch(self.registration_sql.select))
 
         return from_rows(await self._run(read))
-
-
-def _leader_active(task_id: str, leader: str | None, dedupe_key: str | None) -> InvalidTransition:
-    return InvalidTransition(
-        f"task {task_id} cannot be retried: task {leader} is already active for dedupe "
-        f"key {dedupe_key!r}"
-    )
 
 
 def _lease_arrays(leases: Sequence[Lease]) -> tuple[list[str], list[str], list[int]]:

@@ -24,6 +24,7 @@ from taskmill.lifecycle import (
     CANCELLATION,
     DEFAULT_CANCEL_REASON,
     FINISHES,
+    REDRIVE_EVENT,
     RESCUE_ERROR,
     RESCUES,
     TERMINAL_EVENTS,
@@ -441,7 +442,7 @@ class MemoryStorage(TaskStorage):
         )
         self._tasks[task_id] = task
         self._queue(task, now_ts)
-        self._emit(EventKind.REQUEUED, task, now_ts)
+        self._emit(REDRIVE_EVENT, task, now_ts)
         return task
 
     # -- reading -------------------------------------------------------------------

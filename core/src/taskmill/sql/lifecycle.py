@@ -8,12 +8,20 @@ or when a store opens; nothing here runs per operation.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Final, TypeVar
 
 import attrs
 
-from taskmill.lifecycle import RunAt, Transition, Write, has_retry_budget
+from taskmill.lifecycle import (
+    RELEASED_ON_STOP,
+    RescueCase,
+    RunAt,
+    Transition,
+    Write,
+    finish_kind,
+    rescue_case,
+)
 from taskmill.model import CancelReason
 
 __all__ = [
@@ -22,9 +30,13 @@ __all__ = [
     "assignments",
     "budget_sql",
     "case_of",
+    "event_sql",
     "literal",
+    "outcome_sql",
     "reasons_sql",
+    "rescue_case_sql",
     "set_clause",
+    "stop_release_sql",
     "transition_cases",
 ]
 
@@ -125,5 +137,79 @@ def reasons_sql(expression: str, *, terminal: bool) -> str:
 def budget_sql(attempts: str, max_retries: str) -> str:
     """SQL true when a task with these columns has retry budget left (see
     :func:`taskmill.lifecycle.has_retry_budget`)."""
-    assert has_retry_budget(1, 0) is False and has_retry_budget(1, 1) is True
     return f"{attempts} < {max_retries} + 1"
+
+
+# The SQL above restates two small rules of the kernel; these fail at import if the
+# kernel's rules change without it.
+assert rescue_case(None, 1, 0) is RescueCase.GIVE_UP and rescue_case(None, 1, 1) is RescueCase.RETRY
+
+
+def _by_release(transitions: Iterable[Transition]) -> tuple[list[Transition], list[Transition]]:
+    chosen = list(transitions)
+    return [t for t in chosen if t.gives_back_attempt], [
+        t for t in chosen if not t.gives_back_attempt
+    ]
+
+
+def _only(values: Iterable[str], what: str) -> str:
+    found = set(values)
+    if len(found) != 1:
+        raise ValueError(f"the transitions do not determine {what}: {sorted(found)}")
+    return found.pop()
+
+
+def event_sql(transitions: Iterable[Transition], *, status: str, released: str | None) -> str:
+    """The event kind of a row that took one of ``transitions``, told apart by its new
+    ``status`` (an SQL expression) and, when given, whether the attempt was given
+    back (``released``, an SQL boolean).
+
+    :raises ValueError: the transitions cannot be told apart that way.
+    """
+    given_back, spent = _by_release(transitions) if released else ([], list(transitions))
+    by_status: dict[str, list[str]] = {}
+    for t in spent:
+        by_status.setdefault(t.status.value, []).append(t.event.value)
+    branches = {s: literal(_only(kinds, f"the event of {s}")) for s, kinds in by_status.items()}
+    by_status_sql = case_of(status, branches)
+    if not given_back:
+        return by_status_sql
+    back = _only((t.event.value for t in given_back), "the event of a release")
+    return f"CASE WHEN {released} THEN {literal(back)} ELSE {by_status_sql} END"
+
+
+def outcome_sql(transitions: Iterable[Transition], *, released: str, reported: str) -> str:
+    """The attempt outcome logged for a row that took one of ``transitions``: the
+    outcome of the transition that gives the attempt back when ``released``, else
+    ``reported`` (what the worker said).
+
+    :raises ValueError: the transitions cannot be told apart that way.
+    """
+    given_back, spent = _by_release(transitions)
+    if any(t.outcome is not None for t in spent):
+        raise ValueError("a transition that spends the attempt logs its own outcome")
+    back = _only((t.outcome.value for t in given_back if t.outcome), "a release's outcome")
+    return f"CASE WHEN {released} THEN {literal(back)} ELSE {reported} END"
+
+
+def stop_release_sql(kind: str, stop_reason: str) -> str:
+    """The finish kind storage applies, from the requested ``kind`` and the stored
+    ``stop_reason`` (SQL expressions; see :func:`taskmill.lifecycle.finish_kind`)."""
+    released = ", ".join(literal(k.value) for k in sorted(RELEASED_ON_STOP, key=str))
+    stopped = literal(finish_kind(next(iter(RELEASED_ON_STOP)), stop_requested=True).value)
+    return (
+        f"(CASE WHEN {kind} IN ({released}) AND {stop_reason} IS NOT NULL "
+        f"THEN {stopped} ELSE {kind} END)"
+    )
+
+
+def rescue_case_sql(cancel_reason: str, attempts: str, max_retries: str) -> str:
+    """The :class:`~taskmill.lifecycle.RescueCase` (its value) of an expired task, from
+    its stored stop request and retry budget (see :func:`taskmill.lifecycle.rescue_case`)."""
+    cases = {
+        reasons_sql(cancel_reason, terminal=True): RescueCase.CANCEL,
+        reasons_sql(cancel_reason, terminal=False): RescueCase.RELEASE,
+        budget_sql(attempts, max_retries): RescueCase.RETRY,
+    }
+    whens = " ".join(f"WHEN {test} THEN {literal(case.value)}" for test, case in cases.items())
+    return f"(CASE {whens} ELSE {literal(RescueCase.GIVE_UP.value)} END)"

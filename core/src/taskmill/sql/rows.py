@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, Protocol, TypeAlias
 
 from taskmill.model import (
     NO_PROGRESS,
@@ -39,8 +39,12 @@ __all__ = [
     "task_reader",
 ]
 
-Row: TypeAlias = Sequence[Any]
-"""A driver's row: anything indexable by position (a tuple, an asyncpg Record)."""
+
+class Row(Protocol):
+    """A driver's row: anything indexable by position (a tuple, an asyncpg Record)."""
+
+    def __getitem__(self, index: int, /) -> Any: ...
+
 
 TASK_COLUMN_NAMES: Final = (
     "seq", "id", "task_type", "status", "created_at", "run_at", "updated_at", "app_id",

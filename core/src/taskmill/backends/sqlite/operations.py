@@ -46,6 +46,7 @@ from taskmill.lifecycle import (
     CANCELLATION,
     DEFAULT_CANCEL_REASON,
     FINISHES,
+    REDRIVE_EVENT,
     RELEASED_ON_STOP,
     RESCUE_ERROR,
     RESCUES,
@@ -414,7 +415,7 @@ def redrive(conn: sqlite3.Connection, task_id: str) -> Task:
             raise key_taken(task_id, leader[0], dedupe_key)
     now = now_us()
     row = conn.execute(sql.REDRIVE, (now, now, task_id)).fetchone()
-    conn.execute(sql.INSERT_EVENT, (row[SEQ], task_id, _REQUEUED, "pending", now))
+    conn.execute(sql.INSERT_EVENT, (row[SEQ], task_id, REDRIVE_EVENT.value, "pending", now))
     return task(row)
 
 
