@@ -46,13 +46,16 @@ from taskmill.storage import (
 )
 from taskmill.testing.control import ControlContract
 from taskmill.testing.helpers import claim, finish, lease_of, new_task, wait_until
+from taskmill.testing.lifecycle import LifecycleContract
 from taskmill.testing.reference import ReferenceContract
 from taskmill.testing.registrations import HandlerRegistrationContract
 
 __all__ = ["StorageContract", "claim", "finish", "lease_of", "new_task", "wait_until"]
 
 
-class StorageContract(ControlContract, ReferenceContract, HandlerRegistrationContract):
+class StorageContract(
+    ControlContract, ReferenceContract, HandlerRegistrationContract, LifecycleContract
+):
     """The semantics every :class:`~taskmill.TaskStorage` must have.
 
     Subclass it and provide an async ``storage`` fixture yielding an opened, empty store.
