@@ -46,7 +46,8 @@ from taskmill.model import (
     Task,
     TaskStatus,
 )
-from taskmill.storage import FinishKind
+from taskmill.serialization import loads
+from taskmill.storage import FinishKind, NewTask
 
 __all__ = [
     "ALIAS_FIELDS",
@@ -68,6 +69,7 @@ __all__ = [
     "attempt_kind",
     "cancel_error",
     "check_redrive",
+    "enqueued",
     "finish_kind",
     "has_retry_budget",
     "key_taken",
@@ -286,47 +288,18 @@ def cancel_error(reason: CancelReason) -> str:
 RESCUE_ERROR: Final = "lease expired"
 """The error a rescue writes (and logs for the LOST attempt)."""
 
+_RESCUED_AS: Final[Mapping[RescueCase, Transition]] = {
+    # A requested terminal cancel, honoured: the reason and error stay as requested.
+    RescueCase.CANCEL: attrs.evolve(CANCELLATION, cancel_reason=Write.KEEP),
+    RescueCase.RELEASE: FINISHES[FinishKind.RELEASE],
+    # A retry due now, not after a backoff, and told apart from a handler's failure.
+    RescueCase.RETRY: attrs.evolve(
+        FINISHES[FinishKind.RETRY], event=EventKind.REQUEUED, run_at=RunAt.NOW
+    ),
+    RescueCase.GIVE_UP: FINISHES[FinishKind.FAIL],
+}
 RESCUES: Final[Mapping[RescueCase, Transition]] = {
-    RescueCase.CANCEL: Transition(
-        status=TaskStatus.CANCELLED,
-        event=EventKind.CANCELLED,
-        gives_back_attempt=False,
-        run_at=RunAt.KEEP,
-        result=Write.KEEP,
-        error=Write.KEEP,
-        cancel_reason=Write.KEEP,
-        outcome=AttemptOutcome.LOST,
-    ),
-    RescueCase.RELEASE: Transition(
-        status=TaskStatus.PENDING,
-        event=EventKind.REQUEUED,
-        gives_back_attempt=True,
-        run_at=RunAt.NOW,
-        result=Write.KEEP,
-        error=Write.KEEP,
-        cancel_reason=Write.CLEAR,
-        outcome=AttemptOutcome.LOST,
-    ),
-    RescueCase.RETRY: Transition(
-        status=TaskStatus.PENDING,
-        event=EventKind.REQUEUED,
-        gives_back_attempt=False,
-        run_at=RunAt.NOW,
-        result=Write.KEEP,
-        error=Write.SET,
-        cancel_reason=Write.KEEP,
-        outcome=AttemptOutcome.LOST,
-    ),
-    RescueCase.GIVE_UP: Transition(
-        status=TaskStatus.FAILED,
-        event=EventKind.FAILED,
-        gives_back_attempt=False,
-        run_at=RunAt.KEEP,
-        result=Write.KEEP,
-        error=Write.SET,
-        cancel_reason=Write.KEEP,
-        outcome=AttemptOutcome.LOST,
-    ),
+    case: attrs.evolve(t, outcome=AttemptOutcome.LOST) for case, t in _RESCUED_AS.items()
 }
 """What a rescue does in each case; ``Write.SET`` of the error writes
 :data:`RESCUE_ERROR`."""
@@ -410,6 +383,27 @@ def apply_transition(
 
 REDRIVE_EVENT: Final = EventKind.REQUEUED
 """The event of a redrive: back to PENDING with a fresh retry budget."""
+
+
+def enqueued(new: NewTask, *, now: datetime, run_at: datetime, alias_of: str | None) -> Task:
+    """The snapshot an enqueue stores for ``new`` at ``now``: PENDING, due at ``run_at``,
+    no attempt yet, an alias of ``alias_of`` when a leader holds its dedupe key."""
+    return Task(
+        id=new.id,
+        task_type=new.task_type,
+        status=TaskStatus.PENDING,
+        created_at=now,
+        run_at=run_at,
+        updated_at=now,
+        app_id=new.app_id,
+        params=loads(new.params_json),
+        priority=int(new.priority),
+        max_retries=new.max_retries,
+        dedupe_key=new.dedupe_key,
+        alias_of=alias_of,
+        parent_id=new.parent_id,
+        user_id=new.user_id,
+    )
 
 
 def check_redrive(task_id: str, status: TaskStatus, alias_of: str | None) -> None:

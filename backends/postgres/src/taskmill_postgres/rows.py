@@ -18,8 +18,8 @@ from taskmill.sql.rows import (
     REASON,
     STATUS,
     TASK_COLUMN_NAMES,
+    TaskColumn,
     attempt_reader,
-    column_index,
     loads,
     task_reader,
 )
@@ -41,13 +41,10 @@ __all__ = [
 Row: TypeAlias = asyncpg.Record | tuple[Any, ...]
 """An asyncpg ``Record``, or a tuple sliced from one."""
 
-_AT: Final = column_index(TASK_COLUMN_NAMES)
-SEQ: Final = _AT["seq"]
-ID: Final = _AT["id"]
-STATUS_COL: Final = _AT["status"]
-PRIORITY: Final = _AT["priority"]
-DEDUPE_KEY: Final = _AT["dedupe_key"]
-ALIAS_OF: Final = _AT["alias_of"]
+SEQ: Final = TaskColumn.SEQ
+ID: Final = TaskColumn.ID
+DEDUPE_KEY: Final = TaskColumn.DEDUPE_KEY
+ALIAS_OF: Final = TaskColumn.ALIAS_OF
 """Positions in ``statements.TASK_COLUMNS`` used outside :func:`task`."""
 
 task: Final = task_reader(TASK_COLUMN_NAMES)

@@ -44,6 +44,7 @@ from taskmill.lifecycle import (
     REDRIVE_EVENT,
     cancel_error,
     check_redrive,
+    enqueued,
     key_taken,
 )
 from taskmill.model import (
@@ -507,29 +508,10 @@ class PostgresStorage(TaskStorage):
         row = await self._run(insert)
         now: datetime = row[0]
         leaders = dict(zip(row[1] or (), row[2] or (), strict=True))
-        pending = TaskStatus.PENDING
-        loads = rows.loads
         stored: list[Task] = []
         for new in tasks:
             run_at = now if new.run_at is None else new.run_at.astimezone(UTC)
-            stored.append(
-                Task(
-                    id=new.id,
-                    task_type=new.task_type,
-                    status=pending,
-                    created_at=now,
-                    run_at=run_at,
-                    updated_at=now,
-                    app_id=new.app_id,
-                    params=loads(new.params_json),
-                    priority=int(new.priority),
-                    max_retries=new.max_retries,
-                    dedupe_key=new.dedupe_key,
-                    alias_of=leaders.get(new.id),
-                    parent_id=new.parent_id,
-                    user_id=new.user_id,
-                )
-            )
+            stored.append(enqueued(new, now=now, run_at=run_at, alias_of=leaders.get(new.id)))
         return stored
 
     async def claim_batch(self, request: ClaimRequest) -> list[Task]:

@@ -32,6 +32,7 @@ from taskmill.lifecycle import (
     apply_transition,
     cancel_error,
     check_redrive,
+    enqueued,
     finish_kind,
     key_taken,
     rescue_case,
@@ -170,22 +171,7 @@ class MemoryStorage(TaskStorage):
                 alias_of = self._leaders.get(scope)
                 if alias_of is None:
                     self._leaders[scope] = new.id
-            task = Task(
-                id=new.id,
-                task_type=new.task_type,
-                status=_PENDING,
-                created_at=now,
-                run_at=new.run_at or now,
-                updated_at=now,
-                app_id=new.app_id,
-                params=loads(new.params_json),
-                priority=new.priority,
-                max_retries=new.max_retries,
-                dedupe_key=new.dedupe_key,
-                alias_of=alias_of,
-                parent_id=new.parent_id,
-                user_id=new.user_id,
-            )
+            task = enqueued(new, now=now, run_at=new.run_at or now, alias_of=alias_of)
             self._tasks[task.id] = task
             self._seq[task.id] = self._next_seq
             self._next_seq += 1

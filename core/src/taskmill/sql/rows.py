@@ -32,6 +32,7 @@ __all__ = [
     "STATUS",
     "TASK_COLUMN_NAMES",
     "Row",
+    "TaskColumn",
     "attempt_reader",
     "claim_order",
     "column_index",
@@ -56,6 +57,27 @@ TASK_COLUMN_NAMES: Final = (
 """The columns of a task snapshot: ``seq`` (the creation order) and one per field of
 :class:`~taskmill.model.Task`, progress as three columns."""
 
+
+def column_index(columns: Sequence[str]) -> dict[str, int]:
+    """Each column name's position in ``columns``."""
+    return {name: i for i, name in enumerate(columns)}
+
+
+class TaskColumn:
+    """Positions in :data:`TASK_COLUMN_NAMES` of the columns stores read themselves."""
+
+    _AT: Final = column_index(TASK_COLUMN_NAMES)
+    SEQ: Final = _AT["seq"]
+    ID: Final = _AT["id"]
+    STATUS: Final = _AT["status"]
+    PRIORITY: Final = _AT["priority"]
+    RESULT: Final = _AT["result"]
+    ERROR: Final = _AT["error"]
+    DEDUPE_KEY: Final = _AT["dedupe_key"]
+    ALIAS_OF: Final = _AT["alias_of"]
+    CANCEL_REASON: Final = _AT["cancel_reason"]
+
+
 ATTEMPT_COLUMN_NAMES: Final = (
     "number", "worker_id", "started_at", "finished_at", "outcome", "error",
 )  # fmt: skip
@@ -72,11 +94,6 @@ loads: Final = json.JSONDecoder().decode
 
 Timestamp: TypeAlias = Callable[[Any], datetime]
 """A stored timestamp (never NULL) as a tz-aware datetime."""
-
-
-def column_index(columns: Sequence[str]) -> dict[str, int]:
-    """Each column name's position in ``columns``."""
-    return {name: i for i, name in enumerate(columns)}
 
 
 def task_reader(

@@ -54,6 +54,7 @@ from taskmill.lifecycle import (
     Transition,
     cancel_error,
     check_redrive,
+    enqueued,
     finish_kind,
     key_taken,
     rescue_case,
@@ -71,7 +72,7 @@ from taskmill.model import (
     TaskStatus,
 )
 from taskmill.serialization import dumps
-from taskmill.sql.rows import REASON, STATUS, loads
+from taskmill.sql.rows import REASON, STATUS
 from taskmill.storage import (
     ClaimRequest,
     Finish,
@@ -145,7 +146,6 @@ def enqueue(conn: sqlite3.Connection, tasks: Sequence[NewTask]) -> list[Task]:
     leaders: dict[tuple[str | None, str, str], str] = {}
     rows: list[Row] = []
     stored: list[Task] = []
-    pending = TaskStatus.PENDING
     for new in tasks:
         alias_of: str | None = None
         key = new.dedupe_key
@@ -171,24 +171,7 @@ def enqueue(conn: sqlite3.Connection, tasks: Sequence[NewTask]) -> list[Task]:
                 priority, new.max_retries, key, alias_of, new.parent_id, new.user_id,
             )
         )  # fmt: skip
-        stored.append(
-            Task(
-                id=new.id,
-                task_type=new.task_type,
-                status=pending,
-                created_at=now_dt,
-                run_at=run_at_dt,
-                updated_at=now_dt,
-                app_id=new.app_id,
-                params=loads(new.params_json),
-                priority=priority,
-                max_retries=new.max_retries,
-                dedupe_key=key,
-                alias_of=alias_of,
-                parent_id=new.parent_id,
-                user_id=new.user_id,
-            )
-        )
+        stored.append(enqueued(new, now=now_dt, run_at=run_at_dt, alias_of=alias_of))
     last = conn.execute(sql.LAST_TASK_SEQ).fetchone()[0]
     conn.executemany(sql.INSERT, rows)
     conn.execute(sql.ENQUEUE_EVENTS, (now, last))

@@ -16,9 +16,9 @@ from taskmill.sql.rows import (
     KIND,
     STATUS,
     TASK_COLUMN_NAMES,
+    TaskColumn,
     attempt_reader,
     claim_order,
-    column_index,
     task_reader,
 )
 
@@ -66,16 +66,14 @@ def as_micros(value: datetime) -> int:
 TASK_COLUMNS: Final = ", ".join(TASK_COLUMN_NAMES)
 """The snapshot columns, as every statement that returns a task selects them."""
 
-_AT: Final = column_index(TASK_COLUMN_NAMES)
-SEQ: Final = _AT["seq"]
-ID: Final = _AT["id"]
-STATUS_COL: Final = _AT["status"]
-RESULT: Final = _AT["result"]
-ERROR: Final = _AT["error"]
-DEDUPE_KEY: Final = _AT["dedupe_key"]
-ALIAS_OF: Final = _AT["alias_of"]
-CANCEL_REASON: Final = _AT["cancel_reason"]
-"""Positions of the columns the operations read themselves (by name, resolved once)."""
+SEQ: Final = TaskColumn.SEQ
+ID: Final = TaskColumn.ID
+STATUS_COL: Final = TaskColumn.STATUS
+RESULT: Final = TaskColumn.RESULT
+ERROR: Final = TaskColumn.ERROR
+DEDUPE_KEY: Final = TaskColumn.DEDUPE_KEY
+ALIAS_OF: Final = TaskColumn.ALIAS_OF
+CANCEL_REASON: Final = TaskColumn.CANCEL_REASON
 
 task: Final = task_reader(TASK_COLUMN_NAMES, timestamp=as_datetime)
 """The snapshot of one row selected as :data:`TASK_COLUMNS`."""
