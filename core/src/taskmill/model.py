@@ -257,6 +257,26 @@ class ProgressSummary:
     failed: int = 0
     cancelled: int = 0
 
+    @classmethod
+    def from_counts(cls, counts: Mapping[TaskStatus, int] | Mapping[str, int]) -> ProgressSummary:
+        """The summary of tasks counted by status (or by status value, as stored); a
+        status that is absent counts 0."""
+        by = {getattr(k, "value", k): n for k, n in counts.items()}
+        pending, running = by.get("pending", 0), by.get("running", 0)
+        completed, failed, cancelled = (
+            by.get("completed", 0),
+            by.get("failed", 0),
+            by.get("cancelled", 0),
+        )
+        return cls(
+            total=pending + running + completed + failed + cancelled,
+            pending=pending,
+            running=running,
+            completed=completed,
+            failed=failed,
+            cancelled=cancelled,
+        )
+
     @property
     def finished(self) -> int:
         """Tasks in a terminal status."""

@@ -720,17 +720,7 @@ class PostgresStorage(TaskStorage):
             return list(await conn.fetch(sql, *args))
 
         counts = {r[0]: r[1] for r in await self._run(summarize)}
-        pending, running = counts.get("pending", 0), counts.get("running", 0)
-        completed, failed = counts.get("completed", 0), counts.get("failed", 0)
-        cancelled = counts.get("cancelled", 0)
-        return ProgressSummary(
-            total=pending + running + completed + failed + cancelled,
-            pending=pending,
-            running=running,
-            completed=completed,
-            failed=failed,
-            cancelled=cancelled,
-        )
+        return ProgressSummary.from_counts(counts)
 
     async def attempts(self, task_id: str) -> list[Attempt]:
         """The execution log of one task in insertion order (empty for an unknown id)."""

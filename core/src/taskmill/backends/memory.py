@@ -457,14 +457,7 @@ class MemoryStorage(TaskStorage):
         counts = dict.fromkeys(TaskStatus, 0)
         for task in self._select(filter):
             counts[task.status] += 1
-        return ProgressSummary(
-            total=sum(counts.values()),
-            pending=counts[TaskStatus.PENDING],
-            running=counts[TaskStatus.RUNNING],
-            completed=counts[TaskStatus.COMPLETED],
-            failed=counts[TaskStatus.FAILED],
-            cancelled=counts[TaskStatus.CANCELLED],
-        )
+        return ProgressSummary.from_counts(counts)
 
     async def attempts(self, task_id: str) -> list[Attempt]:
         self._check_open()

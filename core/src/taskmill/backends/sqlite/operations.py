@@ -422,17 +422,7 @@ def summary(conn: sqlite3.Connection, filter: TaskFilter) -> ProgressSummary:
             f"SELECT status, count(*) FROM tasks{selected.where} GROUP BY status", selected.args
         )
     )
-    pending, running = counts.get("pending", 0), counts.get("running", 0)
-    completed, failed = counts.get("completed", 0), counts.get("failed", 0)
-    cancelled = counts.get("cancelled", 0)
-    return ProgressSummary(
-        total=pending + running + completed + failed + cancelled,
-        pending=pending,
-        running=running,
-        completed=completed,
-        failed=failed,
-        cancelled=cancelled,
-    )
+    return ProgressSummary.from_counts(counts)
 
 
 def attempts(conn: sqlite3.Connection, task_id: str) -> list[Attempt]:
