@@ -43,6 +43,7 @@ Row: TypeAlias = asyncpg.Record | tuple[Any, ...]
 
 SEQ: Final = TaskColumn.SEQ
 ID: Final = TaskColumn.ID
+STATUS_COL: Final = TaskColumn.STATUS
 DEDUPE_KEY: Final = TaskColumn.DEDUPE_KEY
 ALIAS_OF: Final = TaskColumn.ALIAS_OF
 """Positions in ``statements.TASK_COLUMNS`` used outside :func:`task`."""

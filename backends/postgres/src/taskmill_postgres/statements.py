@@ -32,6 +32,7 @@ from taskmill.lifecycle import (
     FINISHES,
     RESCUE_ERROR,
     RESCUES,
+    TERMINAL_EVENTS,
     RescueCase,
 )
 from taskmill.model import TaskFilter
@@ -171,6 +172,8 @@ _LOST: Final = literal(next(iter({str(t.outcome.value) for t in RESCUES.values()
 """The outcome every rescue logs."""
 assert CANCELLATION.outcome is not None
 _CANCELLED_OUTCOME: Final = CANCELLATION.outcome.value
+_TERMINAL: Final = ", ".join(literal(s.value) for s in TERMINAL_EVENTS)
+"""The terminal statuses, in which a dedupe leader settles its aliases."""
 _CANCELLATION_SET: Final = set_clause(CANCELLATION, Sources(now="now()", cancel_reason="$1"))
 
 
@@ -478,7 +481,7 @@ class Statements:
             f"al AS MATERIALIZED (SELECT s.alias_seq, s.leader_seq FROM"
             f" (SELECT array_agg(c.seq) AS seqs FROM {changed} AS c"
             " WHERE c.dedupe_key IS NOT NULL AND c.alias_of IS NULL"
-            " AND c.status IN ('completed', 'failed', 'cancelled') HAVING count(*) > 0) AS x"
+            f" AND c.status IN ({_TERMINAL}) HAVING count(*) > 0) AS x"
             f" CROSS JOIN LATERAL {self.quoted}.settle_aliases(x.seqs) AS s)"
         )
 

@@ -46,6 +46,7 @@ from taskmill.lifecycle import (
     check_redrive,
     enqueued,
     key_taken,
+    settles_aliases,
 )
 from taskmill.model import (
     Attempt,
@@ -873,7 +874,9 @@ class PostgresStorage(TaskStorage):
         leaders = [
             r
             for r in cancelled.values()
-            if r[rows.DEDUPE_KEY] is not None and r[rows.ALIAS_OF] is None
+            if settles_aliases(
+                rows.STATUS[r[rows.STATUS_COL]], r[rows.DEDUPE_KEY], r[rows.ALIAS_OF]
+            )
         ]
         events = _Events()
         aliases = await self._settle_aliases(conn, leaders)

@@ -8,11 +8,11 @@ positional ``r[22]`` code it replaces cost.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Final, Protocol, TypeAlias
 
+from taskmill.lifecycle import settles_aliases
 from taskmill.model import (
     NO_PROGRESS,
     Attempt,
@@ -23,6 +23,7 @@ from taskmill.model import (
     Task,
     TaskStatus,
 )
+from taskmill.serialization import loads
 
 __all__ = [
     "ATTEMPT_COLUMN_NAMES",
@@ -36,6 +37,7 @@ __all__ = [
     "attempt_reader",
     "claim_order",
     "column_index",
+    "leads_aliases",
     "loads",
     "task_reader",
 ]
@@ -88,9 +90,6 @@ REASON: Final = {r.value: r for r in CancelReason}
 OUTCOME: Final = {o.value: o for o in AttemptOutcome}
 KIND: Final = {k.value: k for k in EventKind}
 
-loads: Final = json.JSONDecoder().decode
-"""json.loads without its wrapper: stored JSON text was written by
-:func:`taskmill.serialization.dumps`."""
 
 Timestamp: TypeAlias = Callable[[Any], datetime]
 """A stored timestamp (never NULL) as a tz-aware datetime."""
@@ -197,3 +196,13 @@ def claim_order(rows: list[Any], read: Callable[[Row], Task], columns: Sequence[
     i_priority, i_seq = at["priority"], at["seq"]
     rows.sort(key=lambda r: (-r[i_priority], r[i_seq]))
     return [read(r) for r in rows]
+
+
+def leads_aliases(row: Row) -> bool:
+    """Whether the task of ``row`` (selected as :data:`TASK_COLUMN_NAMES`) settles its
+    aliases now (:func:`taskmill.lifecycle.settles_aliases`); the key is tested first,
+    since most tasks have none."""
+    key = row[TaskColumn.DEDUPE_KEY]
+    return key is not None and settles_aliases(
+        STATUS[row[TaskColumn.STATUS]], key, row[TaskColumn.ALIAS_OF]
+    )

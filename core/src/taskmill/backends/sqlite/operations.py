@@ -21,9 +21,7 @@ from typing import Any, Final, TypeVar
 
 from taskmill.backends.sqlite import statements as sql
 from taskmill.backends.sqlite.rows import (
-    ALIAS_OF,
     CANCEL_REASON,
-    DEDUPE_KEY,
     ERROR,
     EVENT_COLUMNS,
     ID,
@@ -72,7 +70,7 @@ from taskmill.model import (
     TaskStatus,
 )
 from taskmill.serialization import dumps
-from taskmill.sql.rows import REASON, STATUS
+from taskmill.sql.rows import REASON, STATUS, leads_aliases
 from taskmill.storage import (
     ClaimRequest,
     Finish,
@@ -87,7 +85,6 @@ T = TypeVar("T")
 
 _TERMINAL_EVENT: Final = {s.value: e.value for s, e in TERMINAL_EVENTS.items()}
 """The event of a leader or alias reaching each terminal status (by stored value)."""
-_TERMINAL_VALUES: Final = frozenset(_TERMINAL_EVENT)
 _REQUEUED: Final = EventKind.REQUEUED.value
 _STARTED: Final = EventKind.STARTED.value
 _CANCEL_REQUESTED: Final = EventKind.CANCEL_REQUESTED.value
@@ -302,7 +299,7 @@ def finish(conn: sqlite3.Connection, finishes: Sequence[Finish]) -> list[Task | 
                 continue
             row, outcome, kind_event = applied[index]
             events.append((row[SEQ], row[ID], kind_event, row[STATUS_COL], now))
-            if row[DEDUPE_KEY] is not None and row[STATUS_COL] in _TERMINAL_VALUES:
+            if leads_aliases(row):
                 _settle_aliases(conn, row, now, events)
             finish = finishes[index]
             lease = finish.lease
@@ -369,7 +366,7 @@ def rescue(conn: sqlite3.Connection, limit: int) -> list[Task]:
         row = conn.execute(sql.RESCUE[case], (now, task_id)).fetchone()
         status = row[STATUS_COL]
         events.append((seq, task_id, transition.event.value, status, now))
-        if row[DEDUPE_KEY] is not None and status in _TERMINAL_VALUES:
+        if leads_aliases(row):
             _settle_aliases(conn, row, now, events)
         log.append(
             (
@@ -547,7 +544,7 @@ def cancel(
         done.add(task_id)
         changed.append(row)
         events.append((row[SEQ], task_id, _CANCELLED_EVENT, "cancelled", now))
-        if row[DEDUPE_KEY] is not None and row[ALIAS_OF] is None:
+        if leads_aliases(row):
             # Its aliases still PENDING follow it; the dedupe key is free again (the
             # tasks_dedupe_leader index covers active leaders only).
             for alias in _settle_aliases(conn, row, now, events):
