@@ -31,9 +31,9 @@ transition each combination ends in; the shipped suite
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 import attrs
 
@@ -60,6 +60,7 @@ __all__ = [
     "RESCUES",
     "RESCUE_ERROR",
     "TERMINAL_EVENTS",
+    "ChildrenOf",
     "FinishRow",
     "RescueCase",
     "RunAt",
@@ -68,6 +69,7 @@ __all__ = [
     "apply_transition",
     "attempt_kind",
     "cancel_error",
+    "cancel_targets",
     "check_redrive",
     "enqueued",
     "finish_kind",
@@ -339,6 +341,54 @@ def settle_alias(alias: Task, leader: Task, now: datetime) -> Task:
     return alias.evolve(finished_at=now, updated_at=now, **copied)
 
 
+@attrs.frozen
+class _Plan:
+    """A transition digested for :func:`apply_transition` (enum tests done once)."""
+
+    transition: Transition
+    constant: dict[str, Any]
+    set_result: bool
+    set_error: bool
+    set_reason: bool
+    run_at: int  # 0: keep, 1: now, 2: later
+    terminal: bool
+    gives_back: bool
+
+
+_plans: dict[int, _Plan] = {}
+
+
+def _plan(transition: Transition) -> _Plan:
+    found = _plans.get(id(transition))
+    if found is not None and found.transition is transition:
+        return found
+    constant: dict[str, Any] = {
+        "status": transition.status,
+        "worker_id": None,
+        "lease_expires_at": None,
+    }
+    for name, write in (
+        ("result", transition.result),
+        ("error", transition.error),
+        ("cancel_reason", transition.cancel_reason),
+    ):
+        if write is Write.CLEAR:
+            constant[name] = None
+    if not transition.terminal:
+        constant["progress"] = NO_PROGRESS  # the next attempt starts from nothing
+    plan = _plans[id(transition)] = _Plan(
+        transition=transition,
+        constant=constant,
+        set_result=transition.result is Write.SET,
+        set_error=transition.error is Write.SET,
+        set_reason=transition.cancel_reason is Write.SET,
+        run_at={RunAt.KEEP: 0, RunAt.NOW: 1, RunAt.LATER: 2}[transition.run_at],
+        terminal=transition.terminal,
+        gives_back=transition.gives_back_attempt,
+    )
+    return plan
+
+
 def apply_transition(
     task: Task,
     transition: Transition,
@@ -356,29 +406,25 @@ def apply_transition(
     ``RunAt.LATER``); ``changes`` are written as well (the finish's data and progress,
     which a requeue then resets).
     """
+    plan = _plan(transition)
     values = changes
-    if transition.result is not Write.KEEP:
-        values["result"] = result if transition.result is Write.SET else None
-    if transition.error is not Write.KEEP:
-        values["error"] = error if transition.error is Write.SET else None
-    if transition.cancel_reason is not Write.KEEP:
-        values["cancel_reason"] = cancel_reason if transition.cancel_reason is Write.SET else None
-    if transition.run_at is RunAt.NOW:
+    values.update(plan.constant)
+    if plan.set_result:
+        values["result"] = result
+    if plan.set_error:
+        values["error"] = error
+    if plan.set_reason:
+        values["cancel_reason"] = cancel_reason
+    if plan.run_at == 1:
         values["run_at"] = now
-    elif transition.run_at is RunAt.LATER:
+    elif plan.run_at == 2:
         values["run_at"] = run_later or now
-    if transition.status.terminal:
+    if plan.terminal:
         values["finished_at"] = now
-    else:
-        values["progress"] = NO_PROGRESS  # the next attempt starts from nothing
-    return task.evolve(
-        status=transition.status,
-        attempts=task.attempts - 1 if transition.gives_back_attempt else task.attempts,
-        updated_at=now,
-        worker_id=None,
-        lease_expires_at=None,
-        **values,
-    )
+    if plan.gives_back:
+        values["attempts"] = task.attempts - 1
+    values["updated_at"] = now
+    return task.evolve(**values)
 
 
 REDRIVE_EVENT: Final = EventKind.REQUEUED
@@ -404,6 +450,40 @@ def enqueued(new: NewTask, *, now: datetime, run_at: datetime, alias_of: str | N
         parent_id=new.parent_id,
         user_id=new.user_id,
     )
+
+
+ChildrenOf: TypeAlias = Callable[[list[str]], Awaitable[Iterable[tuple[str, str]]]]
+"""Every child of the given tasks, finished ones too, as (child id, parent id) pairs,
+each parent's children in creation order."""
+
+
+async def cancel_targets(selected: Iterable[str], children_of: ChildrenOf | None) -> list[str]:
+    """The tasks a cancel applies to, in the order it applies to them: ``selected``
+    (the ids named, then the active tasks its filter selects, in creation order), then,
+    when it cascades (``children_of`` given), breadth first their descendants, each
+    task's children in creation order.
+
+    Finished children are walked through (their own children may be active), and the
+    walk ends even on a ``parent_id`` cycle. A synchronous store passes a
+    ``children_of`` that never suspends and runs this with
+    :func:`taskmill.migrations.run_sync`.
+    """
+    order: dict[str, None] = dict.fromkeys(selected)
+    if children_of is None:
+        return list(order)
+    level = list(order)
+    while level:
+        children: dict[str, list[str]] = {}
+        for child, parent in await children_of(level):
+            children.setdefault(parent, []).append(child)
+        found: list[str] = []
+        for parent in level:
+            for child in children.get(parent, ()):
+                if child not in order:
+                    order[child] = None
+                    found.append(child)
+        level = found
+    return list(order)
 
 
 def check_redrive(task_id: str, status: TaskStatus, alias_of: str | None) -> None:

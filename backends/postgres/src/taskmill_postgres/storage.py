@@ -43,6 +43,7 @@ from taskmill.lifecycle import (
     CANCELLATION,
     REDRIVE_EVENT,
     cancel_error,
+    cancel_targets,
     check_redrive,
     enqueued,
     key_taken,
@@ -828,22 +829,11 @@ class PostgresStorage(TaskStorage):
                 *args,
             )
             order.update((r[0], None) for r in found)
-        if cascade:
-            # Through every child, finished ones too (their own children may be
-            # active); `order` doubles as the visited set, so even a cycle ends.
-            level = list(order)
-            while level:
-                children: dict[str, list[str]] = {}
-                for child, parent in await conn.fetch(self.sql.children, level):
-                    children.setdefault(parent, []).append(child)
-                found_now: list[str] = []
-                for parent in level:
-                    for child in children.get(parent, ()):
-                        if child not in order:
-                            order[child] = None
-                            found_now.append(child)
-                level = found_now
-        return list(order)
+
+        async def children_of(level: list[str]) -> list[tuple[str, str]]:
+            return [(r[0], r[1]) for r in await conn.fetch(self.sql.children, level)]
+
+        return await cancel_targets(order, children_of if cascade else None)
 
     async def _request_stop(
         self, conn: Conn, targets: list[str], reason: CancelReason

@@ -31,6 +31,7 @@ from taskmill.lifecycle import (
     Transition,
     apply_transition,
     cancel_error,
+    cancel_targets,
     check_redrive,
     enqueued,
     finish_kind,
@@ -39,6 +40,7 @@ from taskmill.lifecycle import (
     settle_alias,
     settles_aliases,
 )
+from taskmill.migrations import run_sync
 from taskmill.model import (
     NO_PROGRESS,
     Attempt,
@@ -516,19 +518,17 @@ class MemoryStorage(TaskStorage):
             raise ValueError("cancel needs task_ids or a filter")
         now_ts = wall_clock()
         now = from_timestamp(now_ts)
-        queue = list(task_ids or ())
+        selected = list(task_ids or ())
         if filter is not None:
-            queue.extend(t.id for t in self._select(filter) if t.status.active)
-        visited: set[str] = set()
+            selected.extend(t.id for t in self._select(filter) if t.status.active)
+
+        async def children_of(level: list[str]) -> list[tuple[str, str]]:
+            return [(c, p) for p in level for c in self._children.get(p, ())]
+
+        targets = run_sync(cancel_targets(selected, children_of if cascade else None))
         settled: set[str] = set()  # aliases their leader cancelled in this call
         changed: list[Task] = []
-        while queue:
-            task_id = queue.pop(0)
-            if task_id in visited:
-                continue
-            visited.add(task_id)
-            if cascade:
-                queue.extend(self._children.get(task_id, ()))
+        for task_id in targets:
             task = self._tasks.get(task_id)
             if task is None or task.status.terminal or task_id in settled:
                 continue

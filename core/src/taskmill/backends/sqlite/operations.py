@@ -51,12 +51,14 @@ from taskmill.lifecycle import (
     TERMINAL_EVENTS,
     Transition,
     cancel_error,
+    cancel_targets,
     check_redrive,
     enqueued,
     finish_kind,
     key_taken,
     rescue_case,
 )
+from taskmill.migrations import run_sync
 from taskmill.model import (
     Attempt,
     AttemptOutcome,
@@ -467,34 +469,25 @@ def _cancel_targets(
     """The ids a cancel applies to, in the reference store's order: those named, the
     active tasks ``filter`` selects (in creation order), then breadth first their
     descendants (each task's children in creation order)."""
-    order: dict[str, None] = dict.fromkeys(task_ids or ())
+    selected: dict[str, None] = dict.fromkeys(task_ids or ())
     if filter is not None:
         chosen = sql.filter_sql(filter)
         active = "status IN ('pending', 'running')"
         where = f"{chosen.where} AND {active}" if chosen.clauses else f" WHERE {active}"
-        selected = conn.execute(f"SELECT id FROM tasks{where} ORDER BY seq", chosen.args)
-        order.update((row[0], None) for row in selected)
-    if cascade:
-        # Through every child, finished ones too (their own children may be active);
-        # `order` doubles as the visited set, so even a parent_id cycle ends.
-        level = list(order)
-        while level:
-            children: dict[str, list[str]] = {}
-            for chunk in _chunks(level):
-                text = (
-                    "SELECT id, parent_id FROM tasks "
-                    f"WHERE parent_id IN ({sql.marks(len(chunk))}) ORDER BY seq"
-                )
-                for child, parent in conn.execute(text, chunk):
-                    children.setdefault(parent, []).append(child)
-            found: list[str] = []
-            for parent in level:
-                for child in children.get(parent, ()):
-                    if child not in order:
-                        order[child] = None
-                        found.append(child)
-            level = found
-    return list(order)
+        found = conn.execute(f"SELECT id FROM tasks{where} ORDER BY seq", chosen.args)
+        selected.update((row[0], None) for row in found)
+
+    async def children_of(level: list[str]) -> list[tuple[str, str]]:
+        pairs: list[tuple[str, str]] = []
+        for chunk in _chunks(level):
+            text = (
+                "SELECT id, parent_id FROM tasks "
+                f"WHERE parent_id IN ({sql.marks(len(chunk))}) ORDER BY seq"
+            )
+            pairs += conn.execute(text, chunk).fetchall()
+        return pairs
+
+    return run_sync(cancel_targets(selected, children_of if cascade else None))
 
 
 def cancel(
