@@ -1,7 +1,7 @@
 """The lifecycle kernel: every rule about how a task moves, written once, as data.
 
 Backends do not re-derive these rules. The memory store interprets them
-(:func:`apply_transition`, :func:`settle_alias`); SQL stores generate their
+(:func:`plan`, :func:`settle_alias`); SQL stores generate their
 ``SET`` / ``CASE`` clauses from them once, when their statements are built (see
 :mod:`taskmill.sql.lifecycle`), so the hot path pays nothing for the indirection.
 
@@ -65,8 +65,8 @@ __all__ = [
     "RescueCase",
     "RunAt",
     "Transition",
+    "TransitionPlan",
     "Write",
-    "apply_transition",
     "attempt_kind",
     "cancel_error",
     "cancel_targets",
@@ -75,6 +75,7 @@ __all__ = [
     "finish_kind",
     "has_retry_budget",
     "key_taken",
+    "plan",
     "rescue_case",
     "settle_alias",
     "settles_aliases",
@@ -342,26 +343,61 @@ def settle_alias(alias: Task, leader: Task, now: datetime) -> Task:
 
 
 @attrs.frozen
-class _Plan:
-    """A transition digested for :func:`apply_transition` (enum tests done once)."""
+class TransitionPlan:
+    """A transition digested once for stores that keep snapshots: :meth:`apply` does
+    no enum tests and no lookups per task (see :func:`plan`)."""
 
     transition: Transition
-    constant: dict[str, Any]
-    set_result: bool
-    set_error: bool
-    set_reason: bool
-    run_at: int  # 0: keep, 1: now, 2: later
+    requeues: bool
     terminal: bool
-    gives_back: bool
+    _constant: dict[str, Any]
+    _set_result: bool
+    _set_error: bool
+    _set_reason: bool
+    _run_at: RunAt
+    _gives_back: bool
+
+    def apply(
+        self,
+        task: Task,
+        now: datetime,
+        *,
+        run_later: datetime | None = None,
+        result: Any = None,
+        error: str | None = None,
+        cancel_reason: CancelReason | None = None,
+        **changes: Any,
+    ) -> Task:
+        """``task`` after the transition at ``now``.
+
+        The values are those a ``Write.SET`` field takes (``run_later`` for
+        ``RunAt.LATER``); ``changes`` are written as well (the finish's data and
+        progress, which a requeue then resets).
+        """
+        values = changes
+        values.update(self._constant)
+        if self._set_result:
+            values["result"] = result
+        if self._set_error:
+            values["error"] = error
+        if self._set_reason:
+            values["cancel_reason"] = cancel_reason
+        if self._run_at is not _KEEP_RUN_AT:
+            values["run_at"] = now if self._run_at is _RUN_NOW else (run_later or now)
+        if self.terminal:
+            values["finished_at"] = now
+        if self._gives_back:
+            values["attempts"] = task.attempts - 1
+        values["updated_at"] = now
+        return task.evolve(**values)
 
 
-_plans: dict[int, _Plan] = {}
+_KEEP_RUN_AT: Final = RunAt.KEEP
+_RUN_NOW: Final = RunAt.NOW
 
 
-def _plan(transition: Transition) -> _Plan:
-    found = _plans.get(id(transition))
-    if found is not None and found.transition is transition:
-        return found
+def plan(transition: Transition) -> TransitionPlan:
+    """``transition`` digested for :meth:`TransitionPlan.apply`; build it once."""
     constant: dict[str, Any] = {
         "status": transition.status,
         "worker_id": None,
@@ -376,55 +412,17 @@ def _plan(transition: Transition) -> _Plan:
             constant[name] = None
     if not transition.terminal:
         constant["progress"] = NO_PROGRESS  # the next attempt starts from nothing
-    plan = _plans[id(transition)] = _Plan(
+    return TransitionPlan(
         transition=transition,
+        requeues=transition.requeues,
+        terminal=transition.terminal,
         constant=constant,
         set_result=transition.result is Write.SET,
         set_error=transition.error is Write.SET,
         set_reason=transition.cancel_reason is Write.SET,
-        run_at={RunAt.KEEP: 0, RunAt.NOW: 1, RunAt.LATER: 2}[transition.run_at],
-        terminal=transition.terminal,
+        run_at=transition.run_at,
         gives_back=transition.gives_back_attempt,
     )
-    return plan
-
-
-def apply_transition(
-    task: Task,
-    transition: Transition,
-    now: datetime,
-    *,
-    run_later: datetime | None = None,
-    result: Any = None,
-    error: str | None = None,
-    cancel_reason: CancelReason | None = None,
-    **changes: Any,
-) -> Task:
-    """``task`` after ``transition`` at ``now``, for stores that keep snapshots.
-
-    The values are those a ``Write.SET`` field takes (``run_later`` for
-    ``RunAt.LATER``); ``changes`` are written as well (the finish's data and progress,
-    which a requeue then resets).
-    """
-    plan = _plan(transition)
-    values = changes
-    values.update(plan.constant)
-    if plan.set_result:
-        values["result"] = result
-    if plan.set_error:
-        values["error"] = error
-    if plan.set_reason:
-        values["cancel_reason"] = cancel_reason
-    if plan.run_at == 1:
-        values["run_at"] = now
-    elif plan.run_at == 2:
-        values["run_at"] = run_later or now
-    if plan.terminal:
-        values["finished_at"] = now
-    if plan.gives_back:
-        values["attempts"] = task.attempts - 1
-    values["updated_at"] = now
-    return task.evolve(**values)
 
 
 REDRIVE_EVENT: Final = EventKind.REQUEUED

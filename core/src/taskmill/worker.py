@@ -618,11 +618,11 @@ class Worker:
             error = f"{type(exc).__name__}: {exc}"
             failure = exc
         interrupted = ctx.cancel_reason
-        stopped = interrupted is not None and not interrupted.terminal
-        # A handler that turned SHUTDOWN/SUSPENDED into another error is still
-        # interrupted: it goes back without spending the attempt.
-        kind = finish_kind(kind, stop_requested=stopped)
-        outcome = FINISHES[kind].outcome or outcome
+        if interrupted is not None and not interrupted.terminal:
+            # A handler that turned SHUTDOWN/SUSPENDED into another error is still
+            # interrupted: it goes back without spending the attempt.
+            kind = finish_kind(kind, stop_requested=True)
+            outcome = FINISHES[kind].outcome or outcome
         if kind is FinishKind.RETRY:
             kind = attempt_kind(kind, attempts=task.attempts, max_retries=task.max_retries)
             if kind is FinishKind.FAIL:

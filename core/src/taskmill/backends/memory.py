@@ -28,14 +28,14 @@ from taskmill.lifecycle import (
     RESCUE_ERROR,
     RESCUES,
     TERMINAL_EVENTS,
-    Transition,
-    apply_transition,
+    TransitionPlan,
     cancel_error,
     cancel_targets,
     check_redrive,
     enqueued,
     finish_kind,
     key_taken,
+    plan,
     rescue_case,
     settle_alias,
     settles_aliases,
@@ -74,6 +74,9 @@ _PENDING = TaskStatus.PENDING
 _RUNNING = TaskStatus.RUNNING
 assert CANCELLATION.outcome is not None
 CANCELLED_OUTCOME = CANCELLATION.outcome
+_FINISH_PLANS = {kind: plan(t) for kind, t in FINISHES.items()}
+_RESCUE_PLANS = {case: plan(t) for case, t in RESCUES.items()}
+_CANCEL_PLAN = plan(CANCELLATION)
 _NO_RESULT = (None, "null")  # most handlers return None: skip parsing it
 QueueKey = tuple[str | None, str]
 _ReadyEntry = tuple[int, int, str]  # (-priority, seq, task id)
@@ -273,15 +276,15 @@ class MemoryStorage(TaskStorage):
         )
         self._log[attempt.task_id] = (*self._log.get(attempt.task_id, ()), row)
 
-    def _settle(self, task: Task, transition: Transition, now_ts: float, **values: Any) -> Task:
-        """Write ``transition`` out of RUNNING (or PENDING) and follow its consequences:
+    def _settle(self, task: Task, plan: TransitionPlan, now_ts: float, **values: Any) -> Task:
+        """Write a transition out of RUNNING (or PENDING) and follow its consequences:
         requeue, free the dedupe key, settle the aliases, and record the events."""
         now = from_timestamp(now_ts)
-        task = apply_transition(task, transition, now, **values)
+        task = plan.apply(task, now, **values)
         self._tasks[task.id] = task
         self._running.discard(task.id)
-        self._emit(transition.event, task, now_ts)
-        if transition.requeues:
+        self._emit(plan.transition.event, task, now_ts)
+        if plan.requeues:
             self._queue(task, now_ts)
         elif task.dedupe_key is not None:
             scope = (task.app_id, task.task_type, task.dedupe_key)
@@ -305,8 +308,10 @@ class MemoryStorage(TaskStorage):
             if task is None:
                 results.append(None)
                 continue
-            kind = finish_kind(finish.kind, stop_requested=task.cancel_reason is not None)
-            transition = FINISHES[kind]
+            kind = finish.kind
+            if task.cancel_reason is not None:
+                kind = finish_kind(kind, stop_requested=True)
+            chosen = _FINISH_PLANS[kind]
             extra: dict[str, Any] = {}
             if finish.data is not None:
                 extra["data"] = finish.data
@@ -319,13 +324,13 @@ class MemoryStorage(TaskStorage):
                 extra["run_later"] = from_timestamp(now_ts + finish.retry_in)
             task = self._settle(
                 task,
-                transition,
+                chosen,
                 now_ts,
                 error=finish.error,
                 cancel_reason=finish.cancel_reason or DEFAULT_CANCEL_REASON,
                 **extra,
             )
-            outcome = transition.outcome or finish.outcome
+            outcome = chosen.transition.outcome or finish.outcome
             self._log_attempt(
                 Attempt(
                     task_id=task.id,
@@ -386,8 +391,9 @@ class MemoryStorage(TaskStorage):
             if task.lease_expires_at is None or task.lease_expires_at > now:
                 continue
             worker_id, number, started = task.worker_id, task.attempts, task.started_at
-            transition = RESCUES[rescue_case(task.cancel_reason, task.attempts, task.max_retries)]
-            task = self._settle(task, transition, now_ts, error=RESCUE_ERROR)
+            chosen = _RESCUE_PLANS[rescue_case(task.cancel_reason, task.attempts, task.max_retries)]
+            transition = chosen.transition
+            task = self._settle(task, chosen, now_ts, error=RESCUE_ERROR)
             assert transition.outcome is not None  # a rescue logs its own outcome
             self._log_attempt(
                 Attempt(
@@ -556,7 +562,7 @@ class MemoryStorage(TaskStorage):
                 for alias_id in self._aliases.get(task_id, ())
                 if (alias := self._tasks.get(alias_id)) is not None and alias.status is _PENDING
             ]
-            changed.append(self._settle(task, CANCELLATION, now_ts, cancel_reason=reason))
+            changed.append(self._settle(task, _CANCEL_PLAN, now_ts, cancel_reason=reason))
             for alias_id in following:
                 settled.add(alias_id)
                 changed.append(self._tasks[alias_id])
