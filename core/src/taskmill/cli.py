@@ -86,6 +86,7 @@ from taskmill.settings import (
     setting_doc,
 )
 from taskmill.storage import utcnow
+from taskmill.supervisor import Supervisor
 from taskmill.worker import Worker
 
 EXIT_OK = 0
@@ -100,6 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``taskmill`` command line with ``argv`` (default: ``sys.argv[1:]``) and
     return the exit status."""
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     command: Command = args.command
     try:
         settings = load_settings(_command_line_settings(args), config_file=args.config)
@@ -219,6 +221,14 @@ def build_parser() -> argparse.ArgumentParser:
         "TASKMILL_* variables or the configuration file (`taskmill config`).",
     )
     _add_setting(cmd, "--concurrency", "concurrency", "N", "tasks run at once")
+    _add_setting(
+        cmd,
+        "--processes",
+        "processes",
+        "N",
+        "run N worker processes, each with --concurrency slots, under a supervisor that "
+        "forwards SIGINT/SIGTERM and restarts a process that dies (default 1)",
+    )
     _add_setting(
         cmd,
         "--reserved-high",
@@ -955,6 +965,8 @@ async def _find_task(tm: Taskmill, ref: str) -> Task:
 
 
 async def _worker(args: argparse.Namespace, settings: Settings) -> int:
+    if settings.processes > 1:
+        return await _supervise(args, settings)
     async with _open(settings, "worker", reads=False, handlers=True) as tm:
         if not len(tm.registry):
             raise TaskmillError(
@@ -993,6 +1005,46 @@ async def _worker(args: argparse.Namespace, settings: Settings) -> int:
     if worker.forced and worker.stop_signal is not None:
         return 128 + int(worker.stop_signal)
     return EXIT_OK
+
+
+async def _supervise(args: argparse.Namespace, settings: Settings) -> int:
+    """``worker --processes N``: check the worker can start here once, then run N
+    single-process copies of this command under a :class:`Supervisor`."""
+    async with _open(settings, "worker", reads=False, handlers=True) as tm:
+        if not len(tm.registry):
+            raise TaskmillError(
+                "no handlers to run: pass --import MODULE (a module with a register(tm) "
+                "function), set the imports setting, or install a handler plugin (see "
+                "`taskmill plugins`)"
+            )
+        try:
+            tm.worker(**settings.worker_options())
+        except ValueError as exc:
+            raise TaskmillError(str(exc)) from None
+        where = _redacted(tm.url)
+    base = settings.worker_id
+
+    def child_environ(number: int) -> dict[str, str]:
+        return {} if base is None else {ENV_VARS["worker_id"]: f"{base}-{number}"}
+
+    supervisor = Supervisor(
+        [sys.executable, "-m", "taskmill", *args.argv, "--processes", "1"],
+        settings.processes,
+        until_idle=args.until_idle,
+        child_environ=child_environ,
+    )
+    _progress_line(f"supervisor {os.getpid()} on {where}: {settings.processes} worker processes")
+    status = await supervisor.run()
+    if supervisor.gave_up:
+        raise TaskmillError(
+            "a worker process kept dying right after its start (its errors are above); "
+            "the supervisor stopped the others"
+        )
+    _progress_line(
+        f"supervisor {os.getpid()} stopped ({supervisor.restarts} restart"
+        f"{'' if supervisor.restarts == 1 else 's'})"
+    )
+    return status
 
 
 async def _enqueue(args: argparse.Namespace, settings: Settings) -> int:

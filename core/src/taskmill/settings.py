@@ -304,6 +304,15 @@ class Settings:
         default=_WORKER_DEFAULTS["concurrency"],
         metadata=_meta(_whole(1), "worker", "task slots of a worker"),
     )
+    processes: int = attrs.field(
+        default=1,
+        metadata=_meta(
+            _whole(1),
+            "worker",
+            "worker processes `taskmill worker` runs, under a supervisor that restarts "
+            "crashed ones (docs/cli.md)",
+        ),
+    )
     reserved_high_priority_slots: int | None = attrs.field(
         default=_WORKER_DEFAULTS["reserved_high_priority_slots"],
         metadata=_meta(
@@ -539,6 +548,7 @@ ENV_VARS: Final[Mapping[str, str]] = {
     "max_params_bytes": "TASKMILL_MAX_PARAMS_BYTES",
     "default_max_retries": "TASKMILL_DEFAULT_MAX_RETRIES",
     "concurrency": "TASKMILL_CONCURRENCY",
+    "processes": "TASKMILL_PROCESSES",
     "reserved_high_priority_slots": "TASKMILL_RESERVED_HIGH_PRIORITY_SLOTS",
     "worker_id": "TASKMILL_WORKER_ID",
     "lease_seconds": "TASKMILL_LEASE_SECONDS",
