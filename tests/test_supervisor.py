@@ -6,6 +6,7 @@ while every child runs one."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -102,8 +103,17 @@ class Supervisor:
         env = cli_env(tmp_path, BARRIER=str(tmp_path / "barrier"), **env)
         with self.out.open("wb") as sink:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "taskmill", "--url", url, "worker", "--import", module]
-                + list(args),
+                [
+                    sys.executable,
+                    "-m",
+                    "taskmill",
+                    "--url",
+                    url,
+                    "worker",
+                    "--import",
+                    module,
+                    *list(args),
+                ],
                 cwd=tmp_path,
                 env=env,
                 stdout=sink,
@@ -136,10 +146,8 @@ class Supervisor:
 
 
 def _kill(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _alive(pid: int) -> bool:
