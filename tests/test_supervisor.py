@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from taskmill import AttemptOutcome, TaskFilter, TaskStatus
+from taskmill import Attempt, AttemptOutcome, TaskFilter, Taskmill, TaskStatus
 
 from tests.cli_support import cli_env, stored, wait_until
 
@@ -180,7 +180,7 @@ def supervisors() -> Iterator[list[Supervisor]]:
 
 
 def _enqueue(url: str, task_type: str, count: int, **params: object) -> list[str]:
-    async def go(tm):  # type: ignore[no-untyped-def]
+    async def go(tm: Taskmill) -> list[str]:
         tasks = await tm.enqueue_many(
             [{"task_type": task_type, "params": dict(params)} for _ in range(count)]
         )
@@ -349,5 +349,9 @@ def test_the_processes_setting_comes_from_the_environment_and_names_each_worker(
 
     assert supervisor.wait() == 0, supervisor.output()
     assert ": 2 worker processes" in supervisor.output()
-    workers = {a.worker_id for i in ids for a in stored(url, lambda tm, i=i: tm.attempts(i))}
+
+    async def attempts(tm: Taskmill) -> list[Attempt]:
+        return [a for i in ids for a in await tm.attempts(i)]
+
+    workers = {a.worker_id for a in stored(url, attempts)}
     assert workers == {"box-1", "box-2"}
