@@ -234,10 +234,10 @@ def taskmill_register_commands(commands: CommandRegistrar) -> None:
     """Add commands to the ``taskmill`` command line (datasette's ``register_commands``).
 
     Called once when ``taskmill`` builds its argument parser, with the installed plugins
-    loaded from their entry points (minus ``$TASKMILL_DISABLE_PLUGINS``; a plugin that
-    cannot be loaded is left out with a warning there, so the command line still
-    works). Must be a plain ``def``. A command whose name is taken (by taskmill or by
-    another plugin) is left out with a warning.
+    that the ``enable_plugins`` and ``disable_plugins`` settings allow loaded from their
+    entry points (a plugin that cannot be loaded is left out with a warning there, so
+    the command line still works). Must be a plain ``def``. A command whose name is
+    taken (by taskmill or by another plugin) is left out with a warning.
 
     :param commands: call ``commands.add(name, run, summary, description="")`` for each
         command; it returns the command's ``argparse.ArgumentParser`` for its options.
