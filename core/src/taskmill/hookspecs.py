@@ -12,8 +12,7 @@ A plugin is a module or object whose functions are marked with
   ``hookwrapper`` implementations are not supported (use
   :func:`taskmill_handler_context` to wrap handlers).
 - An exception raised by a notification hook (every hook but
-  :func:`taskmill_register_handlers`, :func:`taskmill_register_commands` and
-  :func:`taskmill_demo_workload`) is logged
+  :func:`taskmill_register_handlers` and :func:`taskmill_register_commands`) is logged
   with the plugin's name and otherwise ignored: it never stops a worker, another
   plugin, or the write of a task's outcome.
 - Notification hooks are awaited on the worker's (or the caller's) event loop, one after
@@ -32,7 +31,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from taskmill.context import Context
-    from taskmill.model import AttemptOutcome, CancelReason, Task, TaskSpec
+    from taskmill.model import AttemptOutcome, CancelReason, Task
     from taskmill.plugins import CommandRegistrar
     from taskmill.registry import HandlerRegistrar
     from taskmill.worker import Worker
@@ -235,10 +234,10 @@ def taskmill_register_commands(commands: CommandRegistrar) -> None:
     """Add commands to the ``taskmill`` command line (datasette's ``register_commands``).
 
     Called once when ``taskmill`` builds its argument parser, with the installed plugins
-    loaded from their entry points (minus ``$TASKMILL_DISABLE_PLUGINS``; a plugin that
-    cannot be loaded is left out with a warning there, so the command line still
-    works). Must be a plain ``def``. A command whose name is taken (by taskmill or by
-    another plugin) is left out with a warning.
+    that the ``enable_plugins`` and ``disable_plugins`` settings allow loaded from their
+    entry points (a plugin that cannot be loaded is left out with a warning there, so
+    the command line still works). Must be a plain ``def``. A command whose name is
+    taken (by taskmill or by another plugin) is left out with a warning.
 
     :param commands: call ``commands.add(name, run, summary, description="")`` for each
         command; it returns the command's ``argparse.ArgumentParser`` for its options.
@@ -247,23 +246,4 @@ def taskmill_register_commands(commands: CommandRegistrar) -> None:
         (``settings.url``, ``settings.taskmill_options()``, ...) and returns the exit
         status; a :class:`~taskmill.TaskmillError` it raises is printed as
         ``error: <message>`` with exit status 2, like taskmill's own commands.
-    """
-
-
-# -- the demo -------------------------------------------------------------------------
-
-
-@hookspec(firstresult=True)
-def taskmill_demo_workload(count: int, user_id: str, seed: int | None) -> list[TaskSpec] | None:
-    """Sample tasks for ``taskmill demo`` to enqueue and run.
-
-    ``firstresult``: taskmill stops at the first implementation that returns a list
-    (not None), and runs those tasks with the handlers the plugins registered. The
-    taskmill-demo plugin implements it; a plugin that wants to show its own handlers
-    off can too.
-
-    :param count: how many tasks to return.
-    :param user_id: stamp it on every task (the demo counts its run's tasks by it).
-    :param seed: seed for any randomness, or None.
-    :returns: exactly ``count`` task specs, or None when this plugin has no demo.
     """

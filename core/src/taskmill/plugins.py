@@ -37,7 +37,7 @@ import pluggy
 from taskmill import hookspecs
 from taskmill.context import Context
 from taskmill.errors import HandlerConflict, PluginError
-from taskmill.model import AttemptOutcome, CancelReason, Task, TaskSpec, TaskStatus
+from taskmill.model import AttemptOutcome, CancelReason, Task, TaskStatus
 from taskmill.registry import Handler, HandlerRegistrar, HandlerRegistry
 from taskmill.storage import Finish, FinishKind, utcnow
 
@@ -130,16 +130,28 @@ class CommandRegistrar:
         return parser
 
 
-def add_plugin_commands(add: Callable[[str, Any, str, str], argparse.ArgumentParser]) -> None:
+def add_plugin_commands(
+    add: Callable[[str, Any, str, str], argparse.ArgumentParser],
+    *,
+    enable: Collection[str] | None = None,
+    disable: Collection[str] | None = None,
+) -> Plugins:
     """Let the installed plugins add their commands (``taskmill_register_commands``)
     through ``add(name, run, summary, description)``, the command line's own way of
     adding one. A plugin that cannot be loaded, or whose hook fails, is left out with a
-    warning: the command line must work to diagnose it."""
+    warning: the command line must work to diagnose it.
+
+    :param enable: load only these names (default: ``$TASKMILL_ENABLE_PLUGINS``).
+    :param disable: never load these names (default: ``$TASKMILL_DISABLE_PLUGINS``).
+    :returns: the plugins loaded, whose ``disabled``, ``not_enabled`` and ``broken``
+        say why a plugin added no commands.
+    """
     plugins = Plugins()
     # Quietly: the command that runs loads the plugins again and reports what is broken
     # or unmatched by its own policy (a failure for commands that run tasks).
-    plugins.load_entry_points(strict=False, warn=False)
+    plugins.load_entry_points(enable=enable, disable=disable, strict=False, warn=False)
     plugins.register_commands(add)
+    return plugins
 
 
 def disabled_names(environ: Mapping[str, str] = os.environ) -> frozenset[str]:
@@ -653,30 +665,3 @@ class Plugins:
                     )
             except Exception as exc:
                 log.warning("%s: adding its commands failed (left out): %s", registrar.source, exc)
-
-    async def demo_workload(
-        self, count: int, user_id: str, seed: int | None
-    ) -> tuple[list[TaskSpec], PluginInfo] | None:
-        """The first ``taskmill_demo_workload`` result, with the plugin that gave it;
-        None when no plugin has a demo.
-
-        :raises PluginError: the hook raised, or returned something that is not a list
-            of task specs.
-        """
-        kwargs = {"count": count, "user_id": user_id, "seed": seed}
-        for impl in self._impls["taskmill_demo_workload"]:
-            label = self._label(impl.plugin_name)
-            try:
-                result = impl.function(*[kwargs[name] for name in impl.argnames])
-                if inspect.isawaitable(result):
-                    result = await result
-            except Exception as exc:
-                raise PluginError(
-                    f"{label}: taskmill_demo_workload raised {type(exc).__name__}: {exc}"
-                ) from exc
-            if result is None:
-                continue
-            if not isinstance(result, list) or not all(isinstance(s, TaskSpec) for s in result):
-                raise PluginError(f"{label}: taskmill_demo_workload must return a list of TaskSpec")
-            return result, self._infos[impl.plugin_name]
-        return None

@@ -177,7 +177,7 @@ class Supervisor:
             code = await process.wait()
             uptime = time.monotonic() - started
             if self._stop.is_set():
-                return code
+                return self._stopped(code)
             if self.until_idle and code == 0:
                 log.info("worker process %d (pid %d) is done", number, process.pid)
                 return code
@@ -185,14 +185,13 @@ class Supervisor:
             how = f"signal {-code}" if code < 0 else f"status {code}"
             if fast_failures >= self.policy.max_fast_failures:
                 log.error(
-                    "worker process %d (pid %d) exited with %s %.1f s after its start, the "
-                    "%d%s time in a row so soon: giving up and stopping the others",
+                    "worker process %d (pid %d) exited with %s %.1f s after its start, %d "
+                    "times in a row that soon: giving up and stopping the others",
                     number,
                     process.pid,
                     how,
                     uptime,
                     fast_failures,
-                    "th" if fast_failures > 3 else {1: "st", 2: "nd", 3: "rd"}[fast_failures],
                 )
                 self.gave_up = True
                 self._stop.set()
@@ -212,8 +211,19 @@ class Supervisor:
                     async with asyncio.timeout(delay):
                         await self._stop.wait()
                 if self._stop.is_set():
-                    return code
+                    return 0  # stopped while waiting to restart: nothing runs there
             self.restarts += 1
+
+    def _stopped(self, code: int) -> int:
+        """The status of a child that exited after the supervisor forwarded a stop.
+
+        A child still starting when the signal came dies of it (or exits 128 + its
+        number after a KeyboardInterrupt) before it has claimed anything: that is a
+        clean stop too, unless the stop was forced."""
+        sig = self.stop_signal
+        if not self.forced and sig is not None and code in (-int(sig), 128 + int(sig)):
+            return 0
+        return code
 
     async def _start(self, number: int) -> asyncio.subprocess.Process:
         environ = dict(self._environ)
