@@ -346,6 +346,10 @@ class Taskmill(TaskOperations):
         if self.plugins.observes_finishes:
             await self.plugins.attempt_taken(claimed, current, started_at, utcnow())
 
+    async def _task_detached(self, claimed: Task, worker_id: str) -> None:
+        if self.plugins.observes_detaches:
+            await self.plugins.attempt_detached(claimed, worker_id)
+
     async def _tasks_rescued(self, tasks: list[Task]) -> None:
         if self.plugins.observes_finishes:
             await self.plugins.tasks_rescued(tasks)

@@ -6,6 +6,10 @@ Around the claim loop run four background duties: writing finished attempts (gro
 commit: whatever finished while the previous write was in flight goes in the next one),
 saving coalesced progress, renewing leases (and learning of lost leases), and rescuing
 other workers' expired leases.
+
+A handler that raises :class:`~taskmill.Detached` hands its attempt over to another owner
+(an HTTP receiver that answered 202): the worker frees the slot and forgets the attempt;
+the owner reports its progress and outcome through the store, fenced by the lease.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import attrs
 
 from taskmill.backoff import RetryPolicy
 from taskmill.context import Context
-from taskmill.errors import Cancelled, Fail, Retry
+from taskmill.errors import Cancelled, Detached, Fail, Retry
 from taskmill.model import AttemptOutcome, CancelReason, Priority, Task, TaskStatus
 from taskmill.registry import Handler
 from taskmill.serialization import dumps
@@ -246,6 +250,9 @@ class Worker:
         """True when a second signal cut the grace period short."""
         self.processed = 0
         """Attempts this worker finished (any outcome)."""
+        self.detached = 0
+        """Attempts this worker handed over to another owner (the handler raised
+        :class:`~taskmill.Detached`); not counted in :attr:`processed`."""
 
     # -- public API -------------------------------------------------------------------
 
@@ -262,7 +269,8 @@ class Worker:
     @property
     def held(self) -> int:
         """Tasks this worker holds in the store: running handlers plus outcomes not yet
-        written. Never more than ``concurrency``: claims wait for the writes."""
+        written. Never more than ``concurrency``: claims wait for the writes. An attempt
+        handed over to another owner (:class:`~taskmill.Detached`) is no longer held."""
         return len(self._running) + len(self._finishes) + len(self._in_flight)
 
     async def run(self) -> None:
@@ -582,6 +590,9 @@ class Worker:
             except (TypeError, ValueError) as exc:
                 kind, outcome = FinishKind.FAIL, AttemptOutcome.FAILED
                 error = f"handler result is not JSON-serializable: {exc}"
+        except Detached as exc:
+            await self._hand_over(execution, exc)
+            return
         except Retry as exc:
             kind, outcome, error, retry_delay = (
                 FinishKind.RETRY,
@@ -647,6 +658,31 @@ class Worker:
         if not execution.abandoned:
             self._queue_finish(finish, task)
         self._free_slot(execution)
+
+    async def _hand_over(self, execution: _Execution, detached: Detached) -> None:
+        """The handler gave its attempt to another owner: free the slot at once, and
+        from now on write nothing for the attempt (no outcome, no progress, no lease
+        renewal), so the task stays RUNNING under its lease until the new owner
+        reports, or the lease expires and any worker rescues it."""
+        self._free_slot(execution)
+        task = execution.task
+        if execution.abandoned:
+            # The lease was lost first (cancelled, rescued): there is nothing to hand
+            # over, and the attempt was reported as taken.
+            log.info("task %s: handed over after its lease was lost (%s)", task.id, detached)
+            return
+        self.detached += 1
+        log.info(
+            "task %s (%s) attempt %d detached (%s): the new owner reports it",
+            task.id,
+            task.task_type,
+            task.attempts,
+            detached,
+        )
+        try:
+            await self._tm._task_detached(task, self.worker_id)
+        except Exception:
+            log.exception("detached notification for task %s failed", task.id)
 
     # -- writing outcomes ---------------------------------------------------------------
 
