@@ -691,3 +691,17 @@ async def test_a_worker_stopping_leaves_a_detached_attempt_to_its_owner(tm: Task
     # No SHUTDOWN release: the attempt is the owner's, not the worker's, to give back.
     assert after is not None and after.status is TaskStatus.RUNNING and after.attempts == 1
     assert await tm.attempts(task.id) == []
+
+
+async def test_a_detached_attempt_no_longer_counts_against_its_handlers_cap(tm: Taskmill):
+    @tm.handler("handoff", concurrency=1)
+    async def handoff(ctx: Context, params: dict) -> None:
+        raise Detached("the receiver took it over")
+
+    tasks = await tm.enqueue_many([{"task_type": "handoff"} for _ in range(3)])
+    async with Background(tm, concurrency=4, reserved_high_priority_slots=0) as worker:
+        # One at a time by the cap, yet all three are handed over: each frees its room.
+        await wait_for(lambda: worker.detached == 3)
+        assert worker.held == 0
+    running = [await tm.get(t.id) for t in tasks]
+    assert all(t is not None and t.status is TaskStatus.RUNNING for t in running)
