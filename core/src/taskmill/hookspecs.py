@@ -89,9 +89,10 @@ def taskmill_task_started(task: Task, worker_id: str) -> None:
 
     Called in the worker's process, once per attempt, just before the
     :func:`taskmill_handler_context` context managers are entered. Every call is
-    followed by exactly one :func:`taskmill_task_finished` for the same attempt in the
-    same process (unless the process dies, or its outcome cannot be written at all at
-    shutdown).
+    followed by exactly one :func:`taskmill_task_finished` or, when the handler handed
+    the attempt over (:class:`~taskmill.Detached`), one :func:`taskmill_task_detached`
+    for the same attempt in the same process (unless the process dies, or its outcome
+    cannot be written at all at shutdown).
 
     :param task: the claimed snapshot: RUNNING, ``attempts`` already counting this
         attempt.
@@ -113,6 +114,14 @@ def taskmill_task_finished(
     :func:`taskmill_task_dead_lettered` or :func:`taskmill_task_cancelled` follow when
     the attempt had that effect.
 
+    A detached attempt (see :func:`taskmill_task_detached`) is not finished by its
+    worker: this hook is called, once, in the process that stores the outcome its new
+    owner reports (the taskmill-http service, for ``POST /v1/tasks/{id}/status``, or for
+    a ``/progress`` report that gives the task back on a suspension), with no
+    :func:`taskmill_task_started` before it in that process. A detached owner that
+    stops reporting gets no call: its task is rescued (``retried`` or
+    ``dead_lettered``) like a dead worker's.
+
     :param task: the task after the outcome was stored (COMPLETED, FAILED, CANCELLED, or
         PENDING for a retry or an interrupted attempt).
     :param outcome: how the attempt ended, as the execution log records it: COMPLETED,
@@ -120,6 +129,23 @@ def taskmill_task_finished(
         back to PENDING without spending the attempt) or LOST.
     :param elapsed_ms: the attempt's wall time, from its claim, in milliseconds.
     :param error: the attempt's error message, or None when it completed.
+    """
+
+
+@hookspec
+def taskmill_task_detached(task: Task, worker_id: str) -> None:
+    """A worker handed an attempt over to another owner: its handler raised
+    :class:`~taskmill.Detached` (an ``HttpHandler`` whose receiver answered 202).
+
+    Called in the worker's process instead of :func:`taskmill_task_finished`, once per
+    such attempt, after the worker freed the slot: the handler is no longer running
+    here, no outcome was stored, and the task stays RUNNING under the attempt's lease
+    until the new owner reports its outcome (then :func:`taskmill_task_finished` is
+    called in the process that stores it) or stops renewing the lease (then the task
+    is rescued like any other).
+
+    :param task: the claimed snapshot (RUNNING, ``attempts`` counting this attempt).
+    :param worker_id: the id of the worker that handed it over.
     """
 
 

@@ -203,6 +203,7 @@ class Plugins:
         self.observes_enqueues = False
         self.observes_cancels = False
         self.observes_finishes = False
+        self.observes_detaches = False
         self.observes_workers = False
         self.intercepts_handlers = False
         """True when some plugin observes handler starts or wraps handlers."""
@@ -476,6 +477,7 @@ class Plugins:
                 "taskmill_task_cancelled",
             }
         )
+        self.observes_detaches = "taskmill_task_detached" in has
         self.observes_workers = bool(has & {"taskmill_worker_started", "taskmill_worker_stopped"})
         self.intercepts_handlers = bool(has & {"taskmill_task_started", "taskmill_handler_context"})
 
@@ -558,6 +560,11 @@ class Plugins:
             elapsed_ms=(ended_at - started_at).total_seconds() * 1000.0,
             error=error,
         )
+
+    async def attempt_detached(self, claimed: Task, worker_id: str) -> None:
+        """A worker handed the attempt of ``claimed`` over to another owner (its
+        handler raised :class:`~taskmill.Detached`): ``taskmill_task_detached``."""
+        await self._notify("taskmill_task_detached", task=claimed, worker_id=worker_id)
 
     async def tasks_rescued(self, tasks: list[Task]) -> None:
         """This worker took ``tasks`` back from expired leases: ``retried``,

@@ -27,7 +27,6 @@ lists): code that wants the same settings calls :func:`load_settings` and passes
 from __future__ import annotations
 
 import difflib
-import inspect
 import math
 import os
 import tomllib
@@ -41,7 +40,7 @@ import attrs
 from taskmill.app import DEFAULT_MAX_PARAMS_BYTES, DEFAULT_MAX_RETRIES
 from taskmill.backoff import RetryPolicy
 from taskmill.errors import ConfigurationError
-from taskmill.worker import Worker
+from taskmill.worker_options import WorkerOptions
 
 LogFormat = Literal["plain", "json"]
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -60,11 +59,7 @@ prints them."""
 DEFAULT: Final = "default"
 COMMAND_LINE: Final = "command line"
 
-_WORKER_DEFAULTS: Final = {
-    name: p.default
-    for name, p in inspect.signature(Worker.__init__).parameters.items()
-    if p.default is not inspect.Parameter.empty
-}
+_WORKER_DEFAULTS: Final[dict[str, Any]] = {f.name: f.default for f in attrs.fields(WorkerOptions)}
 _RETRY_DEFAULTS: Final = RetryPolicy()
 
 

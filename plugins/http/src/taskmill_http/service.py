@@ -485,18 +485,16 @@ async def report_progress(call: Call) -> Task:
     if stop is not None:
         # A suspension or shutdown: give the task back without spending the attempt.
         now = utcnow()
-        await storage.finish_batch(
-            [
-                Finish(
-                    lease=lease,
-                    kind=FinishKind.RELEASE,
-                    outcome=AttemptOutcome.INTERRUPTED,
-                    started_at=task.started_at or now,
-                    finished_at=now,
-                    error=f"cancelled ({stop.value})",
-                )
-            ]
+        release = Finish(
+            lease=lease,
+            kind=FinishKind.RELEASE,
+            outcome=AttemptOutcome.INTERRUPTED,
+            started_at=task.started_at or now,
+            finished_at=now,
+            error=f"cancelled ({stop.value})",
         )
+        (released,) = await storage.finish_batch([release])
+        await _reported(call, release, released)
         raise ServiceError(409, "cancelled", f"task {task.id} was asked to stop ({stop.value})")
     progress = None
     if body.done is not None:
@@ -548,7 +546,17 @@ async def report_status(call: Call) -> Task:
     (stored,) = await call.service.tm.storage.finish_batch([finish])
     if stored is None:
         raise await _lost(call, task.id)
+    await _reported(call, finish, stored)
     return stored
+
+
+async def _reported(call: Call, finish: Finish, stored: Task | None) -> None:
+    """The lifecycle hooks of a detached attempt's end, in this process, which stored
+    it (the worker that handed the attempt over called ``taskmill_task_detached``)."""
+    plugins = call.service.tm.plugins
+    if stored is None or not plugins.observes_finishes:
+        return
+    await plugins.attempt_finished(finish, stored)  # a failing hook is logged, no more
 
 
 _REPORTED = {
