@@ -46,6 +46,9 @@ log = logging.getLogger("taskmill.supervisor")
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _PR_SET_PDEATHSIG = 1
 
+FORCE_KILL_AFTER = 3.0
+"""Seconds after a second signal before the children still running are killed."""
+
 
 @attrs.frozen
 class RestartPolicy:
@@ -110,6 +113,7 @@ class Supervisor:
         self._child_environ = child_environ
         self._children: dict[int, asyncio.subprocess.Process] = {}
         self._stop = asyncio.Event()
+        self._forcing: asyncio.Task[None] | None = None
         self.stop_signal: signal.Signals | None = None
         """The signal that stopped the supervisor, if one did."""
         self.forced = False
@@ -140,6 +144,10 @@ class Supervisor:
         finally:
             for sig in _SIGNALS:
                 loop.remove_signal_handler(sig)
+            if self._forcing is not None:
+                self._forcing.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._forcing
         if self.gave_up:
             return 2
         if self.forced and self.stop_signal is not None:
@@ -148,8 +156,10 @@ class Supervisor:
 
     def _on_signal(self, sig: signal.Signals) -> None:
         if self._stop.is_set():
-            self.forced = True
-            log.warning("%s received again: stopping every worker process now", sig.name)
+            if not self.forced:
+                self.forced = True
+                log.warning("%s received again: stopping every worker process now", sig.name)
+                self._forcing = asyncio.get_running_loop().create_task(self._force(sig))
         else:
             self.stop_signal = sig
             self._stop.set()
@@ -157,6 +167,19 @@ class Supervisor:
                 "%s received: stopping %d worker processes gracefully", sig.name, len(self.pids)
             )
         self._signal_children(sig)
+
+    async def _force(self, sig: signal.Signals) -> None:
+        """Make every child stop now: a signal sent while the child still has the first
+        one pending merges with it (POSIX does not queue them), so it is sent again
+        until the child is gone, and what still runs after ``FORCE_KILL_AFTER`` seconds
+        is killed (its leases expire and its tasks are rescued)."""
+        deadline = time.monotonic() + FORCE_KILL_AFTER
+        while self.pids and time.monotonic() < deadline:
+            await asyncio.sleep(0.25)
+            self._signal_children(sig)
+        if self.pids:
+            log.warning("killing worker processes %s", ", ".join(map(str, self.pids)))
+            self._signal_children(signal.SIGKILL)
 
     def _signal_children(self, sig: signal.Signals) -> None:
         for process in self._children.values():
