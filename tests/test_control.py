@@ -258,7 +258,12 @@ async def test_events_stream_every_change_in_order(tm: Taskmill):
     @tm.handler("job")
     async def job(ctx: Context, params: dict) -> str:
         await ctx.progress(1, 1)
-        await asyncio.sleep(0.7)  # longer than progress_interval: one progress write
+
+        async def progress_saved() -> bool:  # by the worker's coalesced write
+            current = await tm.get(ctx.task.id)
+            return current is not None and current.progress.done == 1
+
+        await wait_until(progress_saved)
         return "ok"
 
     seen: list[TaskEvent] = []
