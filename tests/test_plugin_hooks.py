@@ -26,7 +26,7 @@ from taskmill import (
     Worker,
     hookimpl,
 )
-from taskmill.storage import ClaimRequest
+from taskmill.storage import ClaimRequest, utcnow
 from taskmill.testing import wait_until
 
 from tests.test_worker import Background, drain, worker_options
@@ -341,7 +341,15 @@ async def test_rescued_tasks_fire_retried_or_dead_lettered_in_the_rescuing_worke
         ClaimRequest(worker_id="ghost", handlers={(None, "job"): None}, limit=2, lease_seconds=0.05)
     )
     assert len(claimed) == 2
-    await asyncio.sleep(0.1)
+
+    async def leases_expired() -> bool:
+        current = [await tm.get(t.id) for t in claimed]
+        return all(
+            t is not None and t.lease_expires_at is not None and t.lease_expires_at < utcnow()
+            for t in current
+        )
+
+    await wait_until(leases_expired)
     # tick() rescues first, then claims (the retried task is due at once) and runs.
     assert await tm.worker(**worker_options()).tick() == 1
 

@@ -663,6 +663,8 @@ class SQLiteStorage(TaskStorage):
         durable=True,
         shared_between_processes=True,
         notifications=False,
+        transactions_across_records=True,
+        commit_ordered_cursors=True,
         handler_registrations=True,
     )
 
