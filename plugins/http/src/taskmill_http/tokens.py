@@ -99,6 +99,26 @@ class Tokens:
                 found = caller
         return found
 
+    def fingerprint(self, token: str) -> str | None:
+        """What a dashboard session keeps instead of ``token``: a digest that names the
+        token without revealing it, or None for an unknown token."""
+        if self.caller(token) is None:
+            return None
+        return _digest(token).hex()
+
+    def caller_by_fingerprint(self, fingerprint: str) -> Caller | None:
+        """The caller of the token whose :meth:`fingerprint` this is, or None (an
+        unknown or malformed fingerprint: the token was removed, or never existed)."""
+        try:
+            presented = bytes.fromhex(fingerprint)
+        except ValueError:
+            return None
+        found: Caller | None = None
+        for digest, caller in self._callers.items():
+            if hmac.compare_digest(digest, presented):
+                found = caller
+        return found
+
     def __len__(self) -> int:
         return len(self._callers)
 
