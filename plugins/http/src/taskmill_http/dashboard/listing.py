@@ -51,6 +51,16 @@ class Cursor:
         return cls(created_at, int(match.group(2)))
 
 
+def _field(request: Request, name: str) -> str | None:
+    """A field of the filter form: None when left empty (a form sends every field).
+
+    :raises ServiceError: 422 for a value too long or holding a NUL.
+    """
+    value = request.query_params.get(name, "").strip() or None
+    rq.check_identifier(name, value)
+    return value
+
+
 @attrs.frozen
 class ListQuery:
     """What the task list shows: its filters and where the page starts."""
@@ -70,21 +80,15 @@ class ListQuery:
         :raises ServiceError: 403 when an app token names another app, 422 for a value
             the list cannot take.
         """
-        app_id = rq.query_one(request, "app_id") or None
+        app_id = _field(request, "app_id")
         rq.ensure_own_app(caller.app_id, app_id)
-        task_type = rq.query_one(request, "task_type") or None
-        rq.check_identifier("task_type", task_type)
-        text = (rq.query_one(request, "q") or "").strip() or None
-        rq.check_identifier("q", text)
-        parent_id = rq.query_one(request, "parent_id") or None
-        rq.check_identifier("parent_id", parent_id)
-        cursor = rq.query_one(request, "cursor")
+        cursor = _field(request, "cursor")
         return cls(
             app_id=app_id,
-            task_type=task_type,
+            task_type=_field(request, "task_type"),
             statuses=rq.query_statuses(request) or (),
-            text=text,
-            parent_id=parent_id,
+            text=_field(request, "q"),
+            parent_id=_field(request, "parent_id"),
             cursor=None if not cursor else Cursor.parse(cursor),
         )
 

@@ -59,7 +59,8 @@
     }
     const bar = scope.querySelector("[data-progress]");
     if (bar && progress) {
-      const share = pct(progress);
+      // A completed task is done, whatever its last coalesced progress write said.
+      const share = status === "completed" ? 100 : pct(progress);
       const meter = bar.querySelector("progress");
       meter.value = share === null ? 0 : share;
       meter.textContent = `${Math.round(share || 0)}%`;
