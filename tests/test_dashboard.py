@@ -365,3 +365,20 @@ async def test_the_dashboard_is_served_by_taskmill_serve(tmp_path: Path, store_u
         proc.send_signal(signal.SIGTERM)
         async with asyncio.timeout(30):
             assert await proc.wait() == 0
+
+
+def test_the_screenshots_script_takes_the_overview_and_a_task_detail(tmp_path: Path):
+    import subprocess
+
+    script = ROOT / "docs" / "screenshots.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    for name in ("dashboard-overview.png", "dashboard-task.png"):
+        image = (tmp_path / name).read_bytes()
+        assert image.startswith(b"\x89PNG") and len(image) > 10_000

@@ -938,6 +938,8 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await service.start()
+        if ui is not None:
+            await ui.state.dashboard.start()
         try:
             yield
         finally:

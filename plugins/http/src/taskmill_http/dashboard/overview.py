@@ -4,9 +4,8 @@ the throughput of the last minutes.
 The store counts (one summary per app and per task type, each computed by the store);
 which apps and types there are comes from the handlers this process knows, the handlers
 registered in the store, the suspensions and the newest tasks. Throughput is counted
-from the store's event log by a :class:`ThroughputMeter` that the service runs while
-the dashboard is in use: it sees the tasks every process finishes, from the moment it
-started watching.
+from the store's event log by a :class:`ThroughputMeter` that the service runs from its
+startup: it sees the tasks every process finishes, from the moment it started watching.
 """
 
 from __future__ import annotations
@@ -82,8 +81,8 @@ class Overview:
 
 class ThroughputMeter:
     """Counts finished tasks per minute and app from the store's event log (every
-    process's), for the last :data:`THROUGHPUT_MINUTES` minutes. Started on first use;
-    :meth:`close` stops it."""
+    process's), for the last :data:`THROUGHPUT_MINUTES` minutes. :meth:`start` starts
+    it; :meth:`close` stops it."""
 
     def __init__(self, tm: Taskmill) -> None:
         self.tm = tm
@@ -96,7 +95,11 @@ class ThroughputMeter:
         """Start watching the event log (once)."""
         if self._reader is not None:
             return
-        events = await self.tm.subscribe(TaskFilter(statuses=_FINISHED), poll_interval=0.5)
+        try:
+            events = await self.tm.subscribe(TaskFilter(statuses=_FINISHED), poll_interval=0.5)
+        except Exception:  # the dashboard works without throughput figures
+            log.exception("the throughput meter cannot read the event log")
+            return
         self.started_at = time.time()
         self._reader = asyncio.create_task(self._count(events), name="taskmill-ui-throughput")
 
