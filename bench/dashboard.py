@@ -7,7 +7,8 @@ session reads the task list:
 - ``server``: the ``Server-Timing`` the dashboard reports (from the request to the start
   of the response: the store's query and the rendering) for page 1 and page 100 of the
   whole list and of a list filtered by task type and status, ``--repeat`` times each
-  (page 100 is reached by following the "Next page" cursors, as a reader does);
+  (page 100 is reached by following the "Next page" cursors, as a reader does), and for
+  the overview (its counts per status, app and type);
 - ``browser``: the same pages loaded in headless Chromium (Debian's package, through
   Playwright): navigation start to DOMContentLoaded and to the load event;
 - ``events``: an open task-list page while the service pushes ``--event-rate`` (1,000)
@@ -122,6 +123,12 @@ async def bench_server(client: httpx.AsyncClient, lists: dict[str, list[str]], r
                 assert response.text.count("data-task-id=") >= 50
                 times.append(server_ms(response))
             figures[f"{name}/{label}"] = summary(times)
+    times = []
+    for _ in range(repeat):  # the overview counts the whole store, per app and type
+        response = await client.get("/ui/")
+        assert response.status_code == 200
+        times.append(server_ms(response))
+    figures["overview"] = summary(times)
     return figures
 
 

@@ -256,6 +256,7 @@ class Dashboard:
         return RedirectResponse(f"{self.base(request)}/login", 303)
 
     async def overview_page(self, request: Request, caller: Caller) -> Response:
+        await self.meter.start()  # already running, unless mounted without its startup
         ops = self.service.operations(caller)
         found = await overview(self.service.tm, ops, caller, self.meter)
         jobs = self.service.jobs.list(caller.app_id, every_app=caller.is_admin)[:10]
