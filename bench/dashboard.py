@@ -42,13 +42,13 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from http_service import machine  # bench/ is the script's directory: on sys.path
 from taskmill import TaskFilter, Taskmill
 from taskmill_http import create_app
 from taskmill_http.events import EXTERNAL_JOB_UPDATE
 from taskmill_http.jobs import UpsertJobBody
 from taskmill_http.service import Service
 
-from bench.http_service import machine
 from tests.browser_support import chromium, sign_in
 from tests.http_support import serve, wait_for
 

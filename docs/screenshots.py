@@ -21,6 +21,7 @@ import asyncio
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -40,7 +41,7 @@ def build(url: str, hold: asyncio.Event) -> Taskmill:
     tm = Taskmill(url, plugins=False)
 
     @tm.handler("album", app_id="photos", max_retries=2)
-    async def album(ctx: Context, params: dict) -> dict:
+    async def album(ctx: Context, params: dict[str, Any]) -> dict[str, Any]:
         await ctx.progress(1, 2, "collecting")
         if ctx.task.attempts == 1:
             raise ConnectionError("storage node photos-3 refused the connection")
@@ -48,7 +49,7 @@ def build(url: str, hold: asyncio.Event) -> Taskmill:
         return {"album": params["album"], "thumbnails": 3}
 
     @tm.handler("thumbnail", app_id="photos")
-    async def thumbnail(ctx: Context, params: dict) -> dict:
+    async def thumbnail(ctx: Context, params: dict[str, Any]) -> dict[str, Any]:
         await ctx.progress(params["done"], 10, f"frame {params['done']} of 10")
         await ctx.set_data(frames=params["done"])
         if params.get("finish"):
@@ -57,7 +58,7 @@ def build(url: str, hold: asyncio.Event) -> Taskmill:
         return {}
 
     @tm.handler("transcode", app_id="music", max_retries=0)
-    async def transcode(ctx: Context, params: dict) -> None:
+    async def transcode(ctx: Context, params: dict[str, Any]) -> None:
         raise Fail(f"codec {params['codec']!r} is not installed on this worker")
 
     return tm

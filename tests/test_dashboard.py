@@ -382,3 +382,48 @@ def test_the_screenshots_script_takes_the_overview_and_a_task_detail(tmp_path: P
     for name in ("dashboard-overview.png", "dashboard-task.png"):
         image = (tmp_path / name).read_bytes()
         assert image.startswith(b"\x89PNG") and len(image) > 10_000
+
+
+async def _signed_in(
+    client: httpx.AsyncClient, token: str, next_path: str = "/ui/"
+) -> httpx.Response:
+    form = await client.get("/ui/login")
+    found = re.search(r'name="csrf" value="([^"]+)"', form.text)
+    assert found is not None
+    return await client.post(
+        "/ui/login", data={"csrf": found.group(1), "token": token, "next": next_path}
+    )
+
+
+async def test_sign_in_goes_only_to_pages_of_the_dashboard(base_url: str):
+    async with httpx.AsyncClient(base_url=base_url) as client:
+        for target in ("https://evil.example/", "//evil.example/ui/", "/v1/tasks", "/ui\\x"):
+            client.cookies.clear()
+            answer = await _signed_in(client, "tok-photos", target)
+            assert answer.status_code == 303
+            assert answer.headers["location"] == "/ui/"
+        answer = await _signed_in(client, "tok-photos", "/ui/tasks?status=failed")
+        assert answer.headers["location"] == "/ui/tasks?status=failed"
+
+
+async def test_a_tampered_session_or_a_bad_cursor_is_refused(base_url: str):
+    async with httpx.AsyncClient(base_url=base_url) as client:
+        await _signed_in(client, "tok-admin")
+        assert (await client.get("/ui/tasks")).status_code == 200
+        assert (await client.get("/ui/tasks?cursor=12.x")).status_code == 422
+        assert (await client.get("/ui/tasks?status=done")).status_code == 422
+        cookie = client.cookies[SESSION_COOKIE]
+        client.cookies.set(
+            SESSION_COOKIE, cookie[:-4] + ("AAAA" if cookie[-4:] != "AAAA" else "BBBB")
+        )
+        answer = await client.get("/ui/tasks")
+        assert answer.status_code == 303 and answer.headers["location"].startswith("/ui/login")
+
+
+async def test_every_dashboard_response_carries_the_security_headers(base_url: str):
+    async with httpx.AsyncClient(base_url=base_url) as client:
+        for path in ("/ui/login", "/ui/static/dashboard.js", "/ui/static/dashboard.css", "/ui/x"):
+            answer = await client.get(path)
+            assert answer.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+            assert answer.headers["x-content-type-options"] == "nosniff"
+            assert answer.headers["server-timing"].startswith("app;dur=")

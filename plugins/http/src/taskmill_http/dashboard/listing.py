@@ -3,8 +3,13 @@
 Pages run newest first. A page's cursor is the position after its last row: that row's
 creation time and how many rows created at that same instant were already shown, so
 the next page is "created at or before that instant, skipping those ties". A page costs
-the same at page 1 and page 1,000, and tasks enqueued meanwhile do not shift the pages
-a reader is walking (they show on the first page).
+no OFFSET into the whole list, and tasks enqueued meanwhile do not shift the pages a
+reader is walking (they show on the first page).
+
+The store orders by its insertion sequence, the cursor is a creation time: where the two
+disagree (PostgreSQL stamps a task with its transaction's start, so concurrent enqueues
+can invert them) a task at a page boundary can show twice or not at all. See
+docs/dashboard.md.
 """
 
 from __future__ import annotations
