@@ -11,6 +11,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -95,19 +96,64 @@ async def test_signing_in_shows_the_tasks_and_a_worker_in_another_process_moves_
     seen: list[float] = []
     async with worker_process(store_url, tmp_path / "runs.log"):
 
-        async def finished() -> bool:
+        async def observe() -> None:
             value = float(await bar.evaluate("el => el.value"))
             if not seen or seen[-1] != value:
                 seen.append(value)
+
+        async def finished() -> bool:
+            await observe()
             return await row.locator("[data-status]").inner_text() == "completed"
 
         await wait_for(finished, timeout=60)
+        await observe()  # the status may have been painted after the bar was read
     assert await page.evaluate("window.__sameDocument") is True, "the page was reloaded"
     assert seen[0] == 0 and seen[-1] == 100
     moving = [v for v in seen if 0 < v < 100]
     assert len(moving) >= 2, f"the bar jumped without moving: {seen}"
     assert moving == sorted(moving)
     assert (await taskmill.get(task.id)).status is TaskStatus.COMPLETED  # type: ignore[union-attr]
+
+
+async def test_a_page_that_lost_its_stream_reconnects_and_misses_no_event(
+    taskmill: Taskmill, page: Page
+):
+    app = create_app(taskmill, TOKENS)
+    service = app.state.service
+    resumed_from: list[str | None] = []
+
+    async def recording(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/ui/events":
+            headers = dict(scope["headers"])
+            resumed_from.append(headers.get(b"last-event-id", b"").decode() or None)
+        await app(scope, receive, send)
+
+    task = await taskmill.for_app("photos").enqueue("never-served")
+    async with serve(recording) as base_url:
+        try:
+            await sign_in(page, base_url, "tok-photos", "/ui/tasks")
+            await page.wait_for_selector("body[data-live=open]")
+            # Offline: every reconnection attempt fails, then the stream itself ends.
+            await page.route("**/ui/events*", lambda route: route.abort())
+            await service.hub.close()
+            await page.wait_for_selector("body[data-live=reconnecting]")
+            await taskmill.cancel(task.id)  # committed while the page has no stream
+            # The service reads on past the cancel: a stream that started afresh, not
+            # from where the page stopped, would never see it.
+            _, after_cancel = await taskmill.storage.read_events(None)
+            await service.hub.start()
+            await wait_for(lambda: service.hub.position.task >= after_cancel)
+            resumed_from.clear()
+            await page.unroute("**/ui/events*")
+            row = page.locator(f'tr[data-task-id="{task.id}"] [data-status]')
+            await wait_for(lambda: _is(row, "cancelled"))
+            assert resumed_from and resumed_from[0] is not None
+        finally:
+            await page.close()  # its stream ends before the server stops
+
+
+async def _is(locator: Any, text: str) -> bool:
+    return await locator.inner_text() == text
 
 
 async def test_filters_and_keyset_pages_give_the_right_rows(
