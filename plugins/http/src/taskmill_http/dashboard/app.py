@@ -156,10 +156,17 @@ class Dashboard:
 
     @staticmethod
     def csrf_token(request: Request) -> str:
+        """The session's CSRF token (made on first use), which every form carries."""
         token = request.session.get("csrf")
         if not isinstance(token, str):
             token = request.session["csrf"] = secrets.token_urlsafe(32)
         return token
+
+    @staticmethod
+    def here(request: Request) -> str:
+        """The path and query of this request (where a form goes back to)."""
+        query = request.url.query
+        return request.url.path + (f"?{query}" if query else "")
 
     @staticmethod
     def base(request: Request) -> str:
@@ -188,25 +195,27 @@ class Dashboard:
         status: int = 200,
         **context: Any,
     ) -> HTMLResponse:
-        base = self.base(request)
-        here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        """``template`` with ``context`` and what every page shows (who is signed in,
+        the CSRF token, the message of the last action)."""
         page = self.templates.get_template(template).render(
-            base=base,
+            base=self.base(request),
             caller=caller,
             csrf=self.csrf_token(request),
             flash=request.session.pop("flash", None),
-            here=here,
+            here=self.here(request),
             **({"events_url": None, "nav": ""} | context),
         )
         return HTMLResponse(page, status)
 
     def error_page(self, request: Request, caller: Caller | None, exc: TaskmillError) -> Response:
+        """The page that answers ``exc``, with the status the API gives it."""
         status, code = status_of(exc)
         return self.render(
             request, "error.html", caller, status, status_code=status, code=code, message=str(exc)
         )
 
     def events_url(self, request: Request, filter: TaskFilter) -> str:
+        """The URL of the live updates a page showing ``filter``'s tasks opens."""
         pairs: list[tuple[str, str]] = []
         if filter.app_id is not None:
             pairs.append(("app_id", filter.app_id))
@@ -224,8 +233,8 @@ class Dashboard:
         async def serve(request: Request) -> Response:
             caller = self.caller(request)
             if caller is None:
-                back = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-                login = f"{self.base(request)}/login?next={quote(back, safe='')}"
+                back = quote(self.here(request), safe="")
+                login = f"{self.base(request)}/login?next={back}"
                 return RedirectResponse(login, 303)
             try:
                 return await view(request, caller)
@@ -235,10 +244,13 @@ class Dashboard:
         return serve
 
     async def login_form(self, request: Request) -> Response:
+        """``GET /login``: the sign-in form."""
         target = self.local_path(request, request.query_params.get("next"))
         return self.render(request, "login.html", self.caller(request), next=target, failed=False)
 
     async def login(self, request: Request) -> Response:
+        """``POST /login``: a known token starts a new session (its fingerprint, a new
+        CSRF token); an unknown one gets the form again with 401."""
         form = await self.form(request, check_csrf=True)
         target = self.local_path(request, form.get("next"))
         token = form.get("token", "").strip()
@@ -251,11 +263,13 @@ class Dashboard:
         return RedirectResponse(target, 303)
 
     async def logout(self, request: Request) -> Response:
+        """``POST /logout``: ends the session."""
         await self.form(request, check_csrf=True)
         request.session.clear()
         return RedirectResponse(f"{self.base(request)}/login", 303)
 
     async def overview_page(self, request: Request, caller: Caller) -> Response:
+        """``GET /``: counts, throughput, suspensions, the newest external jobs."""
         await self.meter.start()  # already running, unless mounted without its startup
         ops = self.service.operations(caller)
         found = await overview(self.service.tm, ops, caller, self.meter)
@@ -271,6 +285,7 @@ class Dashboard:
         )
 
     async def tasks_page(self, request: Request, caller: Caller) -> Response:
+        """``GET /tasks``: one keyset page of the filtered list, external jobs beside."""
         query = ListQuery.from_request(request, caller)
         page = await list_page(self.service.operations(caller), query)
         base = self.base(request)
@@ -293,6 +308,8 @@ class Dashboard:
         )
 
     async def task_page(self, request: Request, caller: Caller) -> Response:
+        """``GET /tasks/{id}``: the task, its attempts, children and aliases (404 for a
+        task the caller may not see)."""
         task_id = str(request.path_params["task_id"])
         rq.check_identifier("task_id", task_id)
         ops = self.service.operations(caller)
@@ -319,6 +336,7 @@ class Dashboard:
         )
 
     async def jobs_page(self, request: Request, caller: Caller) -> Response:
+        """``GET /jobs``: the external jobs the caller may see."""
         jobs = self.service.jobs.list(caller.app_id, every_app=caller.is_admin)
         return self.render(
             request,
@@ -426,26 +444,31 @@ class Dashboard:
         return task_type, None if caller.app_id is not None else app_id
 
     async def cancel(self, request: Request, caller: Caller, form: Mapping[str, str]) -> str:
+        """Cancel the task of the URL (with ``cascade=yes``: its children and aliases)."""
         task_id = str(request.path_params["task_id"])
         cascade = form.get("cascade") == "yes"
         task = await self.service.operations(caller).cancel(task_id, cascade=cascade)
         return f"Task {task.id} is {task.status.value}."
 
     async def retry(self, request: Request, caller: Caller, form: Mapping[str, str]) -> str:
+        """Put the FAILED or CANCELLED task of the URL back to PENDING."""
         task = await self.service.operations(caller).retry(str(request.path_params["task_id"]))
         return f"Task {task.id} is {task.status.value} again."
 
     async def suspend(self, request: Request, caller: Caller, form: Mapping[str, str]) -> str:
+        """Suspend the form's scope (task type and, for an admin, app)."""
         task_type, app_id = self._scope(caller, form)
         interrupted = await self.service.operations(caller).suspend(task_type, app_id=app_id)
         return f"Suspended; {interrupted} running tasks interrupted and re-queued."
 
     async def resume(self, request: Request, caller: Caller, form: Mapping[str, str]) -> str:
+        """Lift the suspension of the form's scope."""
         task_type, app_id = self._scope(caller, form)
         resumed = await self.service.operations(caller).resume(task_type, app_id=app_id)
         return "Resumed." if resumed else "That scope was not suspended."
 
     async def preempt(self, request: Request, caller: Caller, form: Mapping[str, str]) -> str:
+        """Cancel the active tasks of the form's task type (and dedupe key) as PREEMPTED."""
         task_type, app_id = self._scope(caller, form)
         if task_type is None:
             raise ServiceError(422, "invalid_body", "preempt needs a task type")
@@ -466,16 +489,19 @@ class Dashboard:
 
     @staticmethod
     def confirm_cancel(request: Request, form: Mapping[str, str]) -> str:
+        """The question before a cancel."""
         cascade = " and its children and aliases" if form.get("cascade") == "yes" else ""
         return f"Cancel task {request.path_params['task_id']}{cascade}?"
 
     def confirm_suspend(self, request: Request, form: Mapping[str, str]) -> str:
+        """The question before a suspension."""
         return (
             f"Suspend {self._scope_words(form)}? Its running tasks are interrupted and "
             "re-queued, and nothing of it starts until it is resumed."
         )
 
     def confirm_preempt(self, request: Request, form: Mapping[str, str]) -> str:
+        """The question before a preempt."""
         key = form.get("dedupe_key", "").strip()
         with_key = f" with dedupe key {key!r}" if key else ""
         return (

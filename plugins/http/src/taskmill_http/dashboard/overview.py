@@ -63,6 +63,7 @@ class Minute:
 
     @property
     def total(self) -> int:
+        """Every task that finished that minute."""
         return self.completed + self.failed + self.cancelled
 
 
