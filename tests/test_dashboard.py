@@ -473,3 +473,16 @@ async def test_every_dashboard_response_carries_the_security_headers(base_url: s
             assert answer.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
             assert answer.headers["x-content-type-options"] == "nosniff"
             assert answer.headers["server-timing"].startswith("app;dur=")
+
+
+def test_a_session_fingerprint_names_a_token_without_revealing_it():
+    from taskmill_http import Caller, Tokens
+
+    tokens = Tokens(TOKENS)
+    fingerprint = tokens.fingerprint("tok-photos")
+    assert fingerprint is not None and "tok-photos" not in fingerprint
+    assert tokens.caller_by_fingerprint(fingerprint) == Caller("photos")
+    assert tokens.fingerprint("tok-unknown") is None
+    assert tokens.caller_by_fingerprint("zz-not-hex") is None
+    assert tokens.caller_by_fingerprint(fingerprint[:-2] + "00") is None
+    assert Tokens({"other": "*"}).caller_by_fingerprint(fingerprint) is None

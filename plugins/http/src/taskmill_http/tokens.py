@@ -92,7 +92,10 @@ class Tokens:
 
     def caller(self, token: str) -> Caller | None:
         """The caller ``token`` identifies, or None for an unknown token."""
-        presented = _digest(token)
+        return self._lookup(_digest(token))
+
+    def _lookup(self, presented: bytes) -> Caller | None:
+        # Every digest is compared, so the time taken says nothing of which matched.
         found: Caller | None = None
         for digest, caller in self._callers.items():
             if hmac.compare_digest(digest, presented):
@@ -110,14 +113,9 @@ class Tokens:
         """The caller of the token whose :meth:`fingerprint` this is, or None (an
         unknown or malformed fingerprint: the token was removed, or never existed)."""
         try:
-            presented = bytes.fromhex(fingerprint)
+            return self._lookup(bytes.fromhex(fingerprint))
         except ValueError:
             return None
-        found: Caller | None = None
-        for digest, caller in self._callers.items():
-            if hmac.compare_digest(digest, presented):
-                found = caller
-        return found
 
     def __len__(self) -> int:
         return len(self._callers)
