@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
+from taskmill import tracebacks
 from taskmill.backoff import RetryPolicy
 from taskmill.context import Context
-from taskmill.errors import Cancelled, Detached, Fail, Retry
+from taskmill.errors import Cancelled, Detached, Fail, Retry, TaskmillError
 from taskmill.model import AttemptOutcome, CancelReason, Priority, Task, TaskStatus
 from taskmill.registry import Handler
 from taskmill.serialization import dumps
@@ -550,6 +551,7 @@ class Worker:
         error: str | None = None
         retry_delay: float | None = None
         failure: BaseException | None = None
+        where: str | None = None  # the traceback excerpt of an unexpected exception
         try:
             plugins = self._host.plugins
             if plugins.intercepts_handlers:  # started hooks, handler contexts
@@ -601,6 +603,8 @@ class Worker:
             kind, outcome = FinishKind.RETRY, AttemptOutcome.FAILED
             error = f"{type(exc).__name__}: {exc}"
             failure = exc
+            if not isinstance(exc, TaskmillError):  # taskmill's own frames say nothing
+                where = tracebacks.excerpt(exc)
         interrupted = ctx.cancel_reason
         if interrupted is not None and not interrupted.terminal and kind in _FAILURES:
             # A handler that turned SHUTDOWN/SUSPENDED into another error is still
@@ -622,7 +626,7 @@ class Worker:
             started_at=execution.started_at,
             finished_at=utcnow(),
             result_json=result_json,
-            error=error,
+            error=error if where is None else f"{error}\n{where}",
             retry_in=retry_delay or 0.0,
             cancel_reason=ctx.cancel_reason if kind is FinishKind.CANCEL else None,
             data=data,

@@ -151,7 +151,7 @@ def task_list(tasks: Sequence[Task], now: datetime) -> Table:
             f"{task.attempts}/{task.max_retries + 1}",
             pct(task),
             age(task.created_at, now),
-            Text(truncate(task.error, 60), style="red"),
+            Text(truncate((task.error or "").split("\n", 1)[0], 60), style="red"),
         )
     return table
 
