@@ -148,7 +148,7 @@ async def test_an_unexpected_exception_keeps_the_handlers_innermost_frames(
         else:
 
             @tm.handler("parse", max_retries=0)
-            def parse(ctx: Context, params: dict[str, Any]) -> int:
+            def parse(ctx: Context, params: dict[str, Any]) -> int:  # type: ignore[misc]
                 return _parse_row(params["row"])
 
         task = await tm.enqueue("parse", {"row": "abc"})
