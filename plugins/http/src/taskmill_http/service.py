@@ -222,7 +222,9 @@ def _spec(caller: Caller, body: TaskSpecBody) -> TaskSpec:
     return TaskSpec(
         task_type=body.task_type,
         params=body.params,
-        app_id=body.app_id,
+        # Stamped here, as tm.for_app() would (an app token's body names none): the
+        # operations then take the spec as it is instead of copying it.
+        app_id=body.app_id if caller.is_admin else caller.app_id,
         priority=body.priority,
         dedupe_key=body.dedupe_key,
         run_at=body.run_at,
