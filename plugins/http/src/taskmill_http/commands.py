@@ -22,6 +22,7 @@ from taskmill.app import Taskmill
 from taskmill.errors import ConfigurationError
 from taskmill.plugins import CommandRegistrar, LoopFactory
 
+from taskmill_http.dashboard import SESSION_SECRET_ENV
 from taskmill_http.service import create_app
 from taskmill_http.tokens import TOKENS_ENV, Tokens
 
@@ -60,7 +61,9 @@ def add_serve(commands: CommandRegistrar) -> None:
         "Serve the task operations over HTTP for other processes (taskmill-http).",
         f"Requests authenticate with Authorization: Bearer TOKEN; --tokens (or "
         f"${TOKENS_ENV}) names the TOML file mapping each token to an app id, or to "
-        '"*" for an admin. See docs/service.md.',
+        '"*" for an admin. The dashboard is at /ui (sign in with a token; '
+        f"${SESSION_SECRET_ENV} signs its session cookies). See docs/service.md and "
+        "docs/dashboard.md.",
         loop_factory=_fast_loop_factory(),
     )
     cmd.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -91,7 +94,7 @@ async def serve(args: argparse.Namespace, settings: Any) -> int:
     tm.load_plugins(enable=settings.enable_plugins, disable=settings.disable_plugins)
     async with tm:
         config = uvicorn.Config(
-            create_app(tm, tokens),
+            create_app(tm, tokens, session_secret=os.environ.get(SESSION_SECRET_ENV) or None),
             host=args.host,
             port=args.port,
             log_level="warning",

@@ -19,8 +19,8 @@ import attrs
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
+from starlette.responses import RedirectResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Mount, Route
 from taskmill.app import Taskmill
 from taskmill.backoff import RetryPolicy
 from taskmill.errors import TaskmillError
@@ -920,6 +920,8 @@ def create_app(
     tokens: Tokens | Mapping[str, str],
     *,
     limits: Limits | None = None,
+    dashboard: bool = True,
+    session_secret: str | None = None,
 ) -> Starlette:
     """The ASGI app of the service, for ``tm`` (an open ``Taskmill``, whose lifecycle
     stays the caller's) and ``tokens`` (a :class:`~taskmill_http.Tokens`, or a dict of
@@ -927,7 +929,12 @@ def create_app(
 
     Mount it in your own Starlette or FastAPI app, or serve it with uvicorn
     (``taskmill serve`` does). ``app.state.service`` is the :class:`Service` behind it.
+
+    With ``dashboard`` (the default) the dashboard is served at ``/ui`` (see
+    docs/dashboard.md); ``session_secret`` signs its session cookies (without one, a
+    random key: sessions last as long as the process).
     """
+    from taskmill_http.dashboard import create_dashboard
     from taskmill_http.openapi import openapi_endpoint
 
     if not isinstance(tokens, Tokens):
@@ -937,16 +944,26 @@ def create_app(
     endpoints = (*endpoints, openapi_endpoint(endpoints))
     service.endpoints = endpoints
 
+    routes: list[BaseRoute] = [_route(service, e) for e in endpoints]
+    ui = create_dashboard(service, session_secret=session_secret) if dashboard else None
+    if ui is not None:
+        routes.append(Route("/ui", lambda request: RedirectResponse("ui/", 308)))
+        routes.append(Mount("/ui", ui))
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await service.start()
+        if ui is not None:
+            await ui.state.dashboard.start()
         try:
             yield
         finally:
+            if ui is not None:
+                await ui.state.dashboard.close()
             await service.close()
 
     app = Starlette(
-        routes=[_route(service, e) for e in endpoints],
+        routes=routes,
         exception_handlers={HTTPException: _http_error},
         lifespan=lifespan,
     )
