@@ -179,3 +179,32 @@ async def test_concurrent_posts_with_one_bad_spec_through_the_server(tm: Taskmil
     assert [r.status_code for r in created] == [201] * 48
     assert [r.json()["params"]["i"] for r in created] == [i for i in range(50) if i not in (17, 30)]
     assert (await tm.for_app("photos").progress_summary()).total == 48
+
+
+async def test_a_create_whose_caller_went_away_holds_up_no_other(tm: Taskmill):
+    photos = tm.for_app("photos")
+    coalescer = CreateCoalescer(max_batch=100)
+    creates = [
+        asyncio.create_task(coalescer.enqueue(photos, TaskSpec(task_type="t", params={"i": i})))
+        for i in range(6)
+    ]
+    await asyncio.sleep(0)  # every create is waiting in the queue
+    creates[2].cancel()  # as uvicorn does when a client disconnects
+    outcomes = await asyncio.gather(*creates, return_exceptions=True)
+
+    assert isinstance(outcomes[2], asyncio.CancelledError)
+    assert [t.params["i"] for i, t in enumerate(outcomes) if i != 2] == [0, 1, 3, 4, 5]
+    later = await coalescer.enqueue(photos, TaskSpec(task_type="t", params={"i": 6}))
+    assert later.params == {"i": 6}
+
+
+async def test_close_waits_for_the_creates_in_flight(tm: Taskmill):
+    photos = tm.for_app("photos")
+    coalescer = CreateCoalescer(max_batch=4)
+    creates = [
+        asyncio.create_task(coalescer.enqueue(photos, TaskSpec(task_type="t"))) for _ in range(10)
+    ]
+    await asyncio.sleep(0)
+    await coalescer.close()
+    assert all(c.done() and not c.cancelled() for c in creates)
+    assert (await photos.progress_summary()).total == 10
