@@ -265,8 +265,10 @@ def taskmill_register_commands(commands: CommandRegistrar) -> None:
     the command line still works). Must be a plain ``def``. A command whose name is
     taken (by taskmill or by another plugin) is left out with a warning.
 
-    :param commands: call ``commands.add(name, run, summary, description="")`` for each
-        command; it returns the command's ``argparse.ArgumentParser`` for its options.
+    :param commands: call ``commands.add(name, run, summary, description="", *,
+        loop_factory=None)`` for each command; it returns the command's
+        ``argparse.ArgumentParser`` for its options. ``loop_factory`` makes the event
+        loop the command runs on (default: asyncio's).
         ``run(args, settings)`` is an ``async def`` that gets the parsed
         ``argparse.Namespace`` and the command's :class:`~taskmill.settings.Settings`
         (``settings.url``, ``settings.taskmill_options()``, ...) and returns the exit

@@ -22,6 +22,7 @@ hot paths skip a hook without a call.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import difflib
 import inspect
 import logging
@@ -100,6 +101,8 @@ class BrokenPlugin:
 
 CommandRun = Callable[[argparse.Namespace, Any], Awaitable[int]]
 """What a plugin command runs: ``async def run(args, settings) -> int``."""
+LoopFactory = Callable[[], asyncio.AbstractEventLoop]
+"""What makes the event loop of a plugin's command (``CommandRegistrar.add``)."""
 
 
 class CommandRegistrar:
@@ -116,16 +119,26 @@ class CommandRegistrar:
         """The commands added through this object, in order."""
 
     def add(
-        self, name: str, run: CommandRun, summary: str, description: str = ""
+        self,
+        name: str,
+        run: CommandRun,
+        summary: str,
+        description: str = "",
+        *,
+        loop_factory: LoopFactory | None = None,
     ) -> argparse.ArgumentParser:
         """Add command ``name`` running ``run(args, settings)``; returns its parser.
 
+        :param loop_factory: makes the event loop ``run`` runs on (for instance
+            ``uvloop.new_event_loop``); default: asyncio's own.
         :raises PluginError: the name is taken (by taskmill or another plugin).
         """
         try:
             parser = self._add(name, run, summary, description)
         except argparse.ArgumentError as exc:
             raise PluginError(f"{self.source}: cannot add command {name!r}: {exc}") from None
+        if loop_factory is not None:
+            parser.set_defaults(loop_factory=loop_factory)
         self.names.append(name)
         return parser
 

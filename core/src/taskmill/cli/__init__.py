@@ -81,7 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings(command_line_settings(args), config_file=args.config)
         configure_logging(settings)
-        return asyncio.run(command(args, settings))
+        # A command may name its event loop (taskmill serve: uvloop when installed).
+        with asyncio.Runner(loop_factory=getattr(args, "loop_factory", None)) as runner:
+            return runner.run(command(args, settings))
     except TaskNotFound as exc:
         error(str(exc))
         return EXIT_NOT_FOUND

@@ -61,6 +61,7 @@ from taskmill_http.bodies import (
     TaskPage,
     TaskSpecBody,
 )
+from taskmill_http.coalescing import CreateCoalescer
 from taskmill_http.errors import ServiceError, status_of
 from taskmill_http.events import APP_ENTITY, EXTERNAL_JOB_UPDATE, EventHub, Position
 from taskmill_http.handler import parse_lease
@@ -115,6 +116,9 @@ class Service:
         self.handlers = stored_handlers(tm)
         """The handlers registered in the store, kept registered in ``tm``'s registry
         (so that enqueueing applies their options, and a worker of ``tm`` serves them)."""
+        self.creates = CreateCoalescer(max_batch=limits.max_items)
+        """Stores the single-task creates that arrive together with one call
+        (``POST /v1/tasks``: see :mod:`taskmill_http.coalescing`)."""
         self.endpoints: tuple[Endpoint, ...] = ()
         """What the app serves (its route table; the OpenAPI document describes it)."""
 
@@ -146,6 +150,7 @@ class Service:
 
     async def close(self) -> None:
         """Stop what the service runs in the background and end the event streams."""
+        await self.creates.close()
         await self.hub.close()
         if self._handlers_started:
             self._handlers_started = False
@@ -217,7 +222,9 @@ def _spec(caller: Caller, body: TaskSpecBody) -> TaskSpec:
     return TaskSpec(
         task_type=body.task_type,
         params=body.params,
-        app_id=body.app_id,
+        # Stamped here, as tm.for_app() would (an app token's body names none): the
+        # operations then take the spec as it is instead of copying it.
+        app_id=body.app_id if caller.is_admin else caller.app_id,
         priority=body.priority,
         dedupe_key=body.dedupe_key,
         run_at=body.run_at,
@@ -237,8 +244,8 @@ def _specs(call: Call) -> list[TaskSpec]:
 async def create_task(call: Call) -> Task:
     body = rq.body_as(call.body, TaskSpecBody)
     rq.refuse_app_id(call.caller.app_id, [body.app_id])
-    (task,) = await call.ops.enqueue_many([_spec(call.caller, body)])
-    return task
+    spec = _spec(call.caller, body)
+    return await call.service.creates.enqueue(call.ops, spec)
 
 
 async def create_tasks(call: Call) -> list[Task]:
