@@ -180,3 +180,8 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'tasks.db'}"
     return str(request.getfixturevalue("postgres_url"))
+
+
+# tests/backends/ holds example distributions that run their own tests once built and
+# installed (tests/test_backend_authoring.py); this run does not collect them.
+collect_ignore = ["backends"]

@@ -106,6 +106,32 @@ def test_show_json_holds_the_stored_task_and_its_attempt_log(cli, url):
     assert attempt["elapsed_ms"] >= 0
 
 
+def test_show_prints_the_traceback_excerpt_of_a_failed_attempt_and_ls_its_first_line(
+    cli, url, tmp_path
+):
+    (tmp_path / "crash_handlers.py").write_text(
+        "def parse(row):\n"
+        "    return int(row)\n"
+        "\n"
+        "def register(tm):\n"
+        "    @tm.handler('crash', max_retries=0)\n"
+        "    async def crash(ctx, params):\n"
+        "        return parse(params['row'])\n"
+    )
+    task_id = _enqueue(cli, url, "crash", "--params", '{"row": "x"}', "--import", "crash_handlers")
+    _ok(cli("--url", url, "worker", "--import", "crash_handlers", "--until-idle"))
+
+    shown = _ok(cli("--url", url, "show", task_id, "--json"))
+    (attempt,) = json.loads(shown)["attempts"]
+    assert attempt["error"].startswith("ValueError: invalid literal for int()")
+    assert "Traceback (most recent call last):" in attempt["error"]
+    assert "crash_handlers.py" in attempt["error"] and "return int(row)" in attempt["error"]
+    text = _ok(cli("--url", url, "show", task_id, COLUMNS="200"))
+    assert "Traceback (most recent call last):" in text and "in parse" in text
+    listing = _ok(cli("--url", url, "ls"))
+    assert "ValueError: invalid literal" in listing and "Traceback" not in listing
+
+
 def test_show_and_retry_accept_the_short_id_that_ls_prints(cli, url):
     task_id = _enqueue(cli, url, "test.add", "--params", '{"a": 1, "b": 1}')
     shown = _ok(cli("--url", url, "show", task_id[:8]))

@@ -6,13 +6,17 @@ on the subprocess's ``PYTHONPATH``, and found through their entry points alone."
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
+import sysconfig
 import textwrap
 from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
 
-from tests.cli_support import CLI, enqueue, ok
+from tests.cli_support import CLI, cli_env, enqueue, ok
 
 pytest_plugins = ("tests.cli_fixtures",)
 
@@ -166,3 +170,80 @@ def test_plugin_lists_from_the_configuration_file_are_named_in_messages(
     out = ok(process)
     assert f"disabled by disable_plugins in {tmp_path / 'taskmill.toml'}: prometheus" in out
     assert f"disable_plugins in {tmp_path / 'taskmill.toml'} names 'nope'" in process.stderr
+
+
+# -- the commands of plugins that are not loaded ------------------------------------
+
+_DEMO_MISSING = "error: taskmill demo runs the tasks of the taskmill-demo plugin, which "
+
+
+def test_demo_left_out_by_the_enable_list_says_to_add_the_plugin_to_it(cli, url, tmp_path):
+    process = cli("--url", url, "demo", "--tasks", "3", TASKMILL_ENABLE_PLUGINS="prometheus")
+
+    assert process.returncode == 2
+    assert process.stderr == (
+        f"{_DEMO_MISSING}TASKMILL_ENABLE_PLUGINS leaves out; add 'demo' to it\n"
+    )
+    assert not (tmp_path / "t.db").exists()
+
+
+def test_a_plugin_the_configuration_file_disables_adds_no_command(cli, url, tmp_path):
+    config = tmp_path / "other.toml"
+    config.write_text('disable_plugins = ["demo"]\n')
+
+    # --config after the command, as the global options may be given.
+    process = cli("--url", url, "demo", "--config", str(config))
+    assert process.returncode == 2
+    assert process.stderr == (
+        f"{_DEMO_MISSING}disable_plugins in {config} disables; take 'demo' out of it\n"
+    )
+    listed = ok(cli("--config", str(config), "--help"))
+    assert re.search(r"^\s+serve\s", listed, re.MULTILINE)
+    assert not re.search(r"^\s+demo\s", listed, re.MULTILINE)
+    assert not (tmp_path / "t.db").exists()
+
+
+def test_an_unknown_command_no_plugin_of_taskmill_adds_gets_argparses_own_error(cli):
+    process = cli("demoo")
+    assert process.returncode == 2
+    assert "invalid choice: 'demoo'" in process.stderr
+    assert "pip install" not in process.stderr
+
+
+def test_demo_without_the_demo_plugin_installed_says_to_install_it(tmp_path):
+    # A site directory with everything the workspace installed except taskmill-demo:
+    # its distribution metadata and its editable path are left out, so for the command
+    # the plugin is not installed at all.
+    installed = Path(sysconfig.get_paths()["purelib"])
+    site = tmp_path / "site"
+    site.mkdir()
+    for entry in installed.iterdir():
+        if not entry.name.startswith(("taskmill_demo", "_editable_impl_taskmill_demo")):
+            (site / entry.name).symlink_to(entry)
+    program = (
+        "import site, sys\n"
+        "site.addsitedir(sys.argv[1])\n"
+        "from taskmill.cli import main\n"
+        "sys.exit(main(sys.argv[2:]))\n"
+    )
+
+    def taskmill(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-S", "-c", program, str(site), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+            env=cli_env(tmp_path),
+            check=False,
+        )
+
+    listed = json.loads(ok(taskmill("plugins", "--json")))
+    assert {p["name"] for p in listed["plugins"]} == set(INSTALLED) - {"demo"}
+
+    process = taskmill("--url", f"sqlite:///{tmp_path / 't.db'}", "demo", "--tasks", "3")
+    assert process.returncode == 2
+    assert process.stderr == (
+        f"{_DEMO_MISSING}is not installed; install it with: pip install taskmill-demo\n"
+    )
+    assert not (tmp_path / "t.db").exists()

@@ -8,9 +8,8 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
-from collections.abc import AsyncIterator
-from datetime import datetime, timedelta
+from collections.abc import AsyncIterator, Iterator
+from datetime import datetime
 
 import asyncpg
 import pytest
@@ -19,8 +18,6 @@ from taskmill.discovery import storage_for_url
 from taskmill.errors import InvalidTaskSpec, InvalidURL, SchemaVersionError, StorageUnavailable
 from taskmill.model import (
     AttemptOutcome,
-    CancelReason,
-    Progress,
     SuspensionScope,
     Task,
     TaskFilter,
@@ -33,7 +30,14 @@ from taskmill.storage import (
     TaskStorage,
     utcnow,
 )
-from taskmill.testing import StorageContract, lease_of, new_task, wait_until
+from taskmill.testing import (
+    Place,
+    SchemaMigrations,
+    StorageContract,
+    lease_of,
+    new_task,
+    wait_until,
+)
 from taskmill.testing import claim as claim_request
 from taskmill.testing import finish as finish_of
 from taskmill_postgres import PostgresChangeListener, PostgresStorage, latest_version
@@ -43,6 +47,43 @@ from taskmill_postgres.options import redact
 from tests.conftest import POSTGRES_URL, drop_schema, new_schema_name
 
 
+class PostgresMigrations(SchemaMigrations):
+    """The schema's migrations, applied in two fresh schemas of the test database."""
+
+    def __init__(self) -> None:
+        self.schemas: dict[Place, str] = {"fresh": new_schema_name(), "stepwise": new_schema_name()}
+
+    def versions(self) -> list[int]:
+        return [m.version for m in pg_schema.migrations()]
+
+    async def create_fresh(self) -> None:
+        store = PostgresStorage.from_url(POSTGRES_URL, schema=self.schemas["fresh"])
+        await store.open()
+        await store.close()
+
+    async def apply_one(self, version: int) -> None:
+        conn = await raw()
+        try:
+            stepwise = self.schemas["stepwise"]
+            assert await pg_schema.apply_pending(conn, stepwise, "test", up_to=version) == version
+        finally:
+            await conn.close()
+
+    async def stored_version(self, place: Place) -> int | None:
+        conn = await raw()
+        try:
+            return await pg_schema.stored_version(conn, self.schemas[place])
+        finally:
+            await conn.close()
+
+    async def describe(self, place: Place) -> object:
+        return await dump(self.schemas[place])
+
+    def drop(self) -> None:
+        for name in self.schemas.values():
+            drop_schema(name)
+
+
 class TestPostgresStorage(StorageContract):
     @pytest.fixture
     async def storage(self, postgres_url: str) -> AsyncIterator[TaskStorage]:
@@ -50,6 +91,25 @@ class TestPostgresStorage(StorageContract):
         await store.open()
         yield store
         await store.close()
+
+    @pytest.fixture
+    def schema_migrations(self) -> Iterator[SchemaMigrations]:
+        migrations = PostgresMigrations()
+        yield migrations
+        migrations.drop()
+
+
+async def test_the_schema_has_the_tables_and_the_one_function_the_statements_use(
+    postgres_url: str,
+):
+    store = PostgresStorage.from_url(postgres_url)
+    await store.open()
+    await store.close()
+    catalog = await dump(store.schema)
+    assert {r[0] for r in catalog["tables"]} >= {
+        "tasks", "attempts", "events", "suspensions", "taskmill_meta", "tasks_claim",
+    }  # fmt: skip
+    assert [r[0] for r in catalog["functions"]] == ["settle_aliases"]
 
 
 @pytest.fixture
@@ -131,12 +191,10 @@ def test_the_password_never_shows():
 
 async def test_an_unreachable_server_is_unavailable_naming_host_and_port():
     store = PostgresStorage.from_url("postgresql://app:s3cret@127.0.0.1:1/app", connect_timeout=3)
-    started = time.monotonic()
-    with pytest.raises(StorageUnavailable) as excinfo:
+    with pytest.raises(StorageUnavailable) as excinfo:  # were it to hang, the timeout ends it
         await store.open()
     message = str(excinfo.value)
     assert "127.0.0.1:1/app" in message and "s3cret" not in message
-    assert time.monotonic() - started < 10
     with pytest.raises(StorageUnavailable, match="not open"):
         await store.get("x")
 
@@ -214,37 +272,6 @@ async def dump(name: str) -> dict[str, list[tuple]]:
         return out
     finally:
         await conn.close()
-
-
-async def test_a_fresh_schema_equals_all_migrations_applied_in_order(postgres_schema: str):
-    fresh = PostgresStorage.from_url(POSTGRES_URL, schema=postgres_schema)
-    await fresh.open()
-    await fresh.close()
-    stepwise = new_schema_name()
-    try:
-        conn = await raw()
-        try:
-            for version in range(1, latest_version() + 1):
-                # One release at a time, as a database upgraded over the years was.
-                reached = await pg_schema.apply_pending(conn, stepwise, "test", up_to=version)
-                assert reached == version
-                assert await pg_schema.stored_version(conn, stepwise) == version
-        finally:
-            await conn.close()
-        expected, got = await dump(postgres_schema), await dump(stepwise)
-        assert got == expected
-        assert {r[0] for r in expected["tables"]} >= {
-            "tasks", "attempts", "events", "suspensions", "taskmill_meta", "tasks_claim",
-        }  # fmt: skip
-        assert [r[0] for r in expected["functions"]] == ["settle_aliases"]
-    finally:
-        drop_schema(stepwise)
-
-
-def test_migrations_are_numbered_from_one_without_gaps():
-    versions = [m.version for m in pg_schema.migrations()]
-    assert versions == list(range(1, len(versions) + 1))
-    assert latest_version() == versions[-1]
 
 
 async def test_migrate_creates_the_schema_and_is_idempotent(postgres_url: str):
@@ -506,24 +533,6 @@ async def test_with_a_million_finished_tasks_the_claim_still_reads_only_the_queu
         await conn.close()
 
 
-async def test_two_stores_never_claim_the_same_task(store: PostgresStorage, other):
-    await store.enqueue([new_task() for _ in range(600)])
-    claimers = [(f"{n}{i}", s) for i in range(4) for n, s in (("a", store), ("b", other))]
-    got: dict[str, list[str]] = {w: [] for w, _ in claimers}
-    while True:
-        batches = await asyncio.gather(
-            *(s.claim_batch(claim_request(worker=w, limit=7)) for w, s in claimers)
-        )
-        if not any(batches):
-            break
-        for (worker, _), batch in zip(claimers, batches, strict=True):
-            assert all(t.worker_id == worker for t in batch)
-            got[worker] += [t.id for t in batch]
-    ids = [i for claimed in got.values() for i in claimed]
-    assert len(ids) == len(set(ids)) == 600
-    assert (await other.summary(TaskFilter())).running == 600
-
-
 _CLAIMER = """
 import asyncio, json, os, sys
 from taskmill_postgres import PostgresStorage
@@ -560,99 +569,6 @@ async def test_worker_processes_never_claim_the_same_task(store: PostgresStorage
         assert {owner[i] for i in got} <= {worker}
 
 
-async def test_a_claim_racing_a_suspension_is_told_to_stop_by_its_lease_checks(
-    store: PostgresStorage,
-):
-    await store.enqueue([new_task("a"), new_task("b")])
-    a, b = await store.claim_batch(claim_request("a", "b"))
-    # As if the claim had committed just after the suspension did: the task runs in a
-    # suspended scope without a recorded stop request.
-    conn = await raw()
-    try:
-        await conn.execute(
-            f"INSERT INTO {store.sql.quoted}.suspensions (task_type, app_id, created_at)"
-            " VALUES ('a', NULL, now())"
-        )
-    finally:
-        await conn.close()
-    expected = {a.id: CancelReason.SUSPENDED, b.id: None}
-    assert await store.watch_leases([lease_of(a), lease_of(b)]) == expected
-    assert await store.renew_leases([lease_of(a), lease_of(b)], 30) == expected
-    await store.resume(SuspensionScope(task_type="a"))
-    assert await store.watch_leases([lease_of(a)]) == {a.id: None}
-
-
-# -- finishing ---------------------------------------------------------------------------
-
-
-async def test_one_batch_mixes_every_kind_in_order(store: PostgresStorage):
-    await store.enqueue([new_task() for _ in range(5)])
-    c, r, f, rel, can = await store.claim_batch(claim_request(limit=5))
-    results = await store.finish_batch(
-        [
-            finish_of(c, result=[1], data={"d": 1}),
-            finish_of(r, FinishKind.RETRY, error="r", retry_in=60, progress=Progress(1, None)),
-            finish_of(f, FinishKind.FAIL, error="f"),
-            finish_of(rel, FinishKind.RELEASE),
-            finish_of(can, FinishKind.CANCEL, cancel_reason=CancelReason.PREEMPTED, error="p"),
-        ]
-    )
-    assert [t.id if t else None for t in results] == [c.id, r.id, f.id, rel.id, can.id]
-    done, retried, failed, released, cancelled = results
-    assert done is not None and done.result == [1] and done.data == {"d": 1}
-    assert retried is not None and retried.progress == Progress()  # a requeue resets it
-    assert retried.attempts == 1 and retried.error == "r"
-    assert retried.run_at > utcnow() + timedelta(seconds=50)
-    assert failed is not None and failed.error == "f" and failed.finished_at is not None
-    assert released is not None and released.attempts == 0
-    assert cancelled is not None and cancelled.cancel_reason is CancelReason.PREEMPTED
-    for task in results:
-        assert task is not None and await store.get(task.id) == task
-    outcomes = [(await store.attempts(t.id))[0].outcome for t in (c, r, f, rel, can)]
-    assert outcomes == [
-        AttemptOutcome.COMPLETED,
-        AttemptOutcome.FAILED,
-        AttemptOutcome.FAILED,
-        AttemptOutcome.INTERRUPTED,
-        AttemptOutcome.CANCELLED,
-    ]
-
-
-async def test_a_requested_interruption_turns_retry_and_fail_into_release(
-    store: PostgresStorage,
-):
-    await store.enqueue([new_task(), new_task(), new_task()])
-    retrying, failing, completing = await store.claim_batch(claim_request(limit=3))
-    await store.cancel(
-        task_ids=[retrying.id, failing.id, completing.id], reason=CancelReason.SUSPENDED
-    )
-    r, f, c = await store.finish_batch(
-        [
-            finish_of(retrying, FinishKind.RETRY, error="x", retry_in=3600),
-            finish_of(failing, FinishKind.FAIL, error="y"),
-            finish_of(completing, result=1),
-        ]
-    )
-    for task in (r, f):
-        assert task is not None and task.status is TaskStatus.PENDING
-        assert task.attempts == 0 and task.cancel_reason is None
-        (logged,) = await store.attempts(task.id)
-        assert logged.outcome is AttemptOutcome.INTERRUPTED
-    assert c is not None and c.status is TaskStatus.COMPLETED and c.cancel_reason is None
-
-
-async def test_a_task_named_twice_in_one_batch_is_finished_once(store: PostgresStorage):
-    await store.enqueue([new_task(), new_task()])
-    a, b = await store.claim_batch(claim_request(limit=2))
-    results = await store.finish_batch(
-        [finish_of(a, result="first"), finish_of(a, result="second"), finish_of(b, result="b")]
-    )
-    assert results[0] is not None and results[0].result == "first"
-    assert results[1] is None
-    assert results[2] is not None and results[2].result == "b"
-    assert len(await store.attempts(a.id)) == 1
-
-
 async def test_large_batches_are_one_statement_each(store: PostgresStorage):
     await store.enqueue([new_task(params={"i": i}) for i in range(2000)])
     claimed = await store.claim_batch(claim_request(limit=2000))
@@ -660,32 +576,6 @@ async def test_large_batches_are_one_statement_each(store: PostgresStorage):
     results = await store.finish_batch([finish_of(t, result=i) for i, t in enumerate(claimed)])
     assert [t.result if t else None for t in results] == list(range(2000))
     assert (await store.summary(TaskFilter())).completed == 2000
-
-
-async def test_rescue_honours_a_requested_interruption_and_its_limit(store: PostgresStorage):
-    await store.enqueue([new_task(max_retries=0) for _ in range(4)])
-    suspended, cancelled, *rest = await store.claim_batch(claim_request(lease=0.05, limit=4))
-    conn = await raw()
-    try:
-        await conn.execute(
-            f"UPDATE {store.sql.quoted}.tasks SET cancel_reason = 'user' WHERE id = $1",
-            cancelled.id,
-        )
-    finally:
-        await conn.close()
-    await store.cancel(task_ids=[suspended.id], reason=CancelReason.SUSPENDED)
-    await asyncio.sleep(0.1)
-    first = await store.rescue_expired(limit=3)
-    rescued = {t.id: t for t in first + await store.rescue_expired(limit=3)}
-    assert len(first) == 3 and len(rescued) == 4
-    assert rescued[suspended.id].status is TaskStatus.PENDING
-    assert rescued[suspended.id].attempts == 0
-    assert rescued[cancelled.id].status is TaskStatus.CANCELLED
-    for task in rest:
-        assert rescued[task.id].status is TaskStatus.FAILED
-        assert rescued[task.id].error == "lease expired"
-        (lost,) = await store.attempts(task.id)
-        assert lost.outcome is AttemptOutcome.LOST
 
 
 # -- leases never wait for a row lock ------------------------------------------------------
@@ -821,56 +711,6 @@ async def test_the_database_itself_refuses_a_second_active_leader(store: Postgre
     assert leader.alias_of is None
 
 
-async def test_the_host_and_an_app_named_empty_have_separate_dedupe_scopes(
-    store: PostgresStorage,
-):
-    host, empty = await store.enqueue(
-        [new_task("t", dedupe_key="k"), new_task("t", dedupe_key="k", app_id="")]
-    )
-    assert host.alias_of is None and empty.alias_of is None
-    (again,) = await store.enqueue([new_task("t", dedupe_key="k", app_id="")])
-    assert again.alias_of == empty.id
-
-
-async def test_one_call_with_a_repeated_key_has_one_leader(store: PostgresStorage):
-    tasks = await store.enqueue([new_task("t", dedupe_key="k") for _ in range(4)])
-    assert tasks[0].alias_of is None
-    assert [t.alias_of for t in tasks[1:]] == [tasks[0].id] * 3
-    assert [await store.get(t.id) for t in tasks] == tasks
-
-
-async def test_concurrent_enqueues_from_two_stores_yield_one_leader(store, other):
-    results = await asyncio.gather(
-        *((store, other)[i % 2].enqueue([new_task("t", dedupe_key="same")]) for i in range(40))
-    )
-    tasks = [t for batch in results for t in batch]
-    leaders = [t for t in tasks if t.alias_of is None]
-    assert len(leaders) == 1
-    assert all(t.alias_of == leaders[0].id for t in tasks if t is not leaders[0])
-    assert [await store.get(t.id) for t in tasks] == tasks
-
-
-async def test_an_alias_enqueued_while_its_leader_finishes_is_never_left_behind(
-    store: PostgresStorage, other: PostgresStorage
-):
-    for round_ in range(25):
-        key = f"k{round_}"
-        await store.enqueue([new_task("t", dedupe_key=key)])
-        (leader,) = await store.claim_batch(claim_request("t"))
-        _, (late,) = await asyncio.gather(
-            store.finish_batch([finish_of(leader, result=round_)]),
-            other.enqueue([new_task("t", dedupe_key=key)]),
-        )
-        current = await store.get(late.id)
-        assert current is not None
-        if late.alias_of is None:  # the leader had finished: it leads now
-            assert current.status is TaskStatus.PENDING
-            await store.cancel(task_ids=[late.id])
-        else:  # it was an alias: it took the leader's outcome
-            assert late.alias_of == leader.id
-            assert current.status is TaskStatus.COMPLETED and current.result == round_
-
-
 _ENQUEUER = """
 import asyncio, sys
 from taskmill_postgres import PostgresStorage
@@ -901,72 +741,6 @@ async def test_concurrent_enqueues_with_one_key_from_several_processes_yield_one
     assert all(t.alias_of == leaders[0].id for t in tasks if t is not leaders[0])
 
 
-# -- the event log --------------------------------------------------------------------------
-
-
-async def test_event_cursors_never_skip_a_commit_under_concurrent_writers(
-    store: PostgresStorage, other: PostgresStorage
-):
-    """Writers commit in an order that differs from the order they started in; a reader
-    polling all along must still see every event exactly once (its cursor never passes
-    an event that commits later)."""
-    _, start = await store.read_events(None)
-    stop = asyncio.Event()
-    seen: list[int] = []
-
-    async def reader() -> None:
-        cursor = start
-        while True:
-            done = stop.is_set()
-            events, cursor = await store.read_events(cursor, limit=50)
-            seen.extend(e.cursor for e in events)
-            if done and not events:
-                return
-            await asyncio.sleep(0)
-
-    async def writer(target: PostgresStorage, n: int) -> None:
-        for i in range(15):
-            await target.enqueue([new_task("w", {"n": n, "i": i}) for _ in range(1 + i % 3)])
-            for task in await target.claim_batch(claim_request("w", worker=f"w{n}", limit=2)):
-                await target.finish_batch([finish_of(task)])
-
-    reading = asyncio.create_task(reader())
-    await asyncio.gather(*(writer((store, other)[n % 2], n) for n in range(6)))
-    stop.set()
-    await reading
-    everything, _ = await store.read_events(start, limit=100000)
-    assert seen == [e.cursor for e in everything]
-    assert len(seen) == len(set(seen))
-
-
-async def test_a_new_subscriber_starts_after_everything_committed(store: PostgresStorage):
-    _, empty = await store.read_events(None)
-    assert await store.read_events(empty) == ([], empty)
-    await store.enqueue([new_task()])
-    _, start = await store.read_events(None)
-    assert start > empty
-    (task,) = await store.enqueue([new_task()])
-    events, _ = await store.read_events(start)
-    assert [e.task.id for e in events] == [task.id]
-    # With every event pruned the cursor still does not go back.
-    await asyncio.sleep(0.01)
-    await store.prune_events(timedelta(0))
-    _, after_prune = await store.read_events(None)
-    assert after_prune >= events[-1].cursor
-
-
-async def test_events_of_deleted_tasks_are_skipped(store: PostgresStorage):
-    _, start = await store.read_events(None)
-    await store.enqueue([new_task("gone")])
-    (task,) = await store.claim_batch(claim_request("gone"))
-    await store.finish_batch([finish_of(task)])
-    (kept,) = await store.enqueue([new_task("kept")])
-    assert await wait_until(lambda: store.cleanup(timedelta(0))) == 1
-    events, cursor = await store.read_events(start)
-    assert [e.task.id for e in events] == [kept.id]
-    assert cursor == events[-1].cursor
-
-
 # -- LISTEN/NOTIFY --------------------------------------------------------------------------
 
 
@@ -981,6 +755,26 @@ async def _notify(store: PostgresStorage, *kinds: str) -> None:
         await conn.close()
 
 
+async def wait_begun(listener: PostgresChangeListener, kinds: frozenset[StoreChange]) -> None:
+    """Return once a ``wait`` for ``kinds`` has begun: its waiter is registered and the
+    listener LISTENs on every channel of ``kinds`` (a notification counts from then)."""
+
+    async def begun() -> bool:
+        return all(listener._waiters[k] for k in kinds) and kinds <= listener._listening
+
+    await wait_until(begun, interval=0.001)
+
+
+async def delivered(store: PostgresStorage, listener: PostgresChangeListener) -> None:
+    """Return once every notification committed so far has reached ``listener``: a
+    marker notified after them arrives after them (one connection, commit order)."""
+    marker = frozenset({StoreChange.CONTROL})
+    waiting = asyncio.create_task(listener.wait(marker, 10))
+    await wait_begun(listener, marker)
+    await _notify(store, "control")
+    assert await waiting is True
+
+
 @pytest.fixture
 async def listener(store: PostgresStorage) -> AsyncIterator[PostgresChangeListener]:
     listening = await store.change_listener()
@@ -993,22 +787,20 @@ async def test_a_notify_from_another_connection_wakes_a_waiting_listener(
     store: PostgresStorage, listener: PostgresChangeListener
 ):
     waiting = asyncio.create_task(listener.wait(frozenset({StoreChange.WORK}), 10))
-    await asyncio.sleep(0.05)
-    started = time.monotonic()
+    await wait_begun(listener, frozenset({StoreChange.WORK}))
     await _notify(store, "work")
-    assert await waiting is True
-    assert time.monotonic() - started < 1
+    assert await waiting is True  # notified, not timed out
 
 
 async def test_a_listener_wakes_only_for_the_kinds_it_waits_for(
     store: PostgresStorage, listener: PostgresChangeListener
 ):
     waiting = asyncio.create_task(listener.wait(frozenset({StoreChange.CONTROL}), 0.5))
-    await asyncio.sleep(0.05)
+    await wait_begun(listener, frozenset({StoreChange.CONTROL}))
     await _notify(store, "work", "events")
     assert await waiting is False
     waiting = asyncio.create_task(listener.wait(frozenset({StoreChange.CONTROL}), 10))
-    await asyncio.sleep(0.05)
+    await wait_begun(listener, frozenset({StoreChange.CONTROL}))
     await _notify(store, "events", "control")
     assert await waiting is True
 
@@ -1018,7 +810,7 @@ async def test_only_notifications_after_the_wait_began_count(
 ):
     await listener.wait(frozenset({StoreChange.WORK}), 0.01)  # listening on WORK now
     await _notify(store, "work")
-    await asyncio.sleep(0.2)  # delivered before the wait below begins
+    await delivered(store, listener)  # before the wait below begins
     assert await listener.wait(frozenset({StoreChange.WORK}), 0.3) is False
 
 
@@ -1027,7 +819,7 @@ async def test_storage_operations_notify_their_kinds_on_commit(
 ):
     async def notified(kind: StoreChange, action, timeout: float = 5) -> bool:
         waiting = asyncio.create_task(listener.wait(frozenset({kind}), timeout))
-        await asyncio.sleep(0.05)
+        await wait_begun(listener, frozenset({kind}))
         await action
         return await waiting
 
@@ -1051,9 +843,9 @@ async def test_a_rolled_back_change_notifies_nothing(
     store: PostgresStorage, listener: PostgresChangeListener
 ):
     (task,) = await store.enqueue([new_task()])
-    await asyncio.sleep(0.2)  # its own notification arrives before the wait begins
+    await delivered(store, listener)  # its own notifications arrive before the wait begins
     waiting = asyncio.create_task(listener.wait(frozenset(StoreChange), 0.5))
-    await asyncio.sleep(0.05)
+    await wait_begun(listener, frozenset(StoreChange))
     with pytest.raises(InvalidTaskSpec, match="already exists"):
         await store.enqueue([new_task(), evolve(new_task(), id=task.id)])  # all or none
     assert await waiting is False
@@ -1073,7 +865,7 @@ async def test_a_listener_reconnects_after_its_connection_is_killed_and_reports_
     assert await waiting is True  # "look for yourself": notifications may have been lost
     assert listener.reconnects == 1 and listener.connected
     waiting = asyncio.create_task(listener.wait(frozenset({StoreChange.WORK}), 10))
-    await asyncio.sleep(0.05)
+    await wait_begun(listener, frozenset({StoreChange.WORK}))
     await _notify(store, "work")
     assert await waiting is True
 
@@ -1100,7 +892,7 @@ async def test_a_notify_from_another_process_wakes_the_listener(
 
 async def test_closing_a_listener_releases_its_waiters(listener: PostgresChangeListener):
     waiting = asyncio.create_task(listener.wait(frozenset(StoreChange), 30))
-    await asyncio.sleep(0.05)
+    await wait_begun(listener, frozenset(StoreChange))
     await listener.close()
     assert await asyncio.wait_for(waiting, 5) is False
     await listener.close()

@@ -4,6 +4,7 @@ progress, events, app namespaces, dedupe, retention (SPEC 5.6-5.14)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from datetime import timedelta
@@ -64,10 +65,9 @@ async def test_cancel_interrupts_an_async_handler_at_its_next_await(tm: Taskmill
     task = await tm.enqueue("sleepy")
     async with Background(tm, cancel_check_interval=0.05):
         await asyncio.wait_for(started.wait(), 5)
-        began = time.monotonic()
         await tm.cancel(task.id)
+        # Interrupted long before the handler's own 60 s sleep would have ended.
         await asyncio.wait_for(interrupted.wait(), 5)
-        assert time.monotonic() - began < 2
     done = await tm.get(task.id)
     assert done is not None and done.status is TaskStatus.CANCELLED
     (attempt,) = await tm.attempts(task.id)
@@ -240,22 +240,30 @@ async def test_progress_is_coalesced_and_the_last_value_stored(tm: Taskmill):
 
     _, start = await tm.storage.read_events(None)
     task = await tm.enqueue("tight")
-    began = time.monotonic()
     await drain(tm, progress_interval=0.1)
-    elapsed = time.monotonic() - began
     done = await tm.get(task.id)
     assert done is not None
     assert done.progress.done == 10_000 and done.progress.message == "item 10000"
     events, _ = await tm.storage.read_events(start, limit=100_000)
     progress_events = [e for e in events if e.kind is EventKind.PROGRESS]
-    assert len(progress_events) <= elapsed / 0.1 + 2
+    # Coalesced: writes are spaced by progress_interval (as the store stamped them, with
+    # room for write latency), not one per call.
+    assert 1 <= len(progress_events) < 10_000
+    stamps = [e.at for e in progress_events]
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(stamps)]
+    assert all(gap >= 0.05 for gap in gaps), gaps
 
 
 async def test_events_stream_every_change_in_order(tm: Taskmill):
     @tm.handler("job")
     async def job(ctx: Context, params: dict) -> str:
         await ctx.progress(1, 1)
-        await asyncio.sleep(0.7)  # longer than progress_interval: one progress write
+
+        async def progress_saved() -> bool:  # by the worker's coalesced write
+            current = await tm.get(ctx.task.id)
+            return current is not None and current.progress.done == 1
+
+        await wait_until(progress_saved)
         return "ok"
 
     seen: list[TaskEvent] = []

@@ -121,3 +121,84 @@ async def test_every_failed_attempt_is_logged_once_with_its_error_and_what_happe
     assert "not retrying" in record.message
     # A traceback goes with an exception, not with a timeout or a deliberate Fail.
     assert (record.exc_info is not None) == (handler is _raises)
+
+
+# -- the traceback excerpt ------------------------------------------------------------
+
+
+def _parse_row(row: str) -> int:
+    return int(row)  # the line the excerpt must point at
+
+
+def _deep(n: int) -> int:
+    return _parse_row("x") if n == 0 else _deep(n - 1)
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+async def test_an_unexpected_exception_keeps_the_handlers_innermost_frames(
+    backend_url: str, kind: str
+) -> None:
+    async with Taskmill(backend_url, plugins=False) as tm:
+        if kind == "async":
+
+            @tm.handler("parse", max_retries=0)
+            async def parse(ctx: Context, params: dict[str, Any]) -> int:
+                return _parse_row(params["row"])
+
+        else:
+
+            @tm.handler("parse", max_retries=0)
+            def parse(ctx: Context, params: dict[str, Any]) -> int:  # type: ignore[misc]
+                return _parse_row(params["row"])
+
+        task = await tm.enqueue("parse", {"row": "abc"})
+        await tm.run_worker(until_idle=True)
+        done = await tm.get(task.id)
+        (attempt,) = await tm.attempts(task.id)
+
+    assert done is not None and done.error is not None and attempt.error is not None
+    headline, excerpt = done.error.split("\n", 1)
+    assert headline.startswith("ValueError: invalid literal for int()")
+    assert excerpt.startswith("Traceback (most recent call last):")
+    assert f'File "{__file__}"' in excerpt
+    assert "in parse\n" in excerpt and "in _parse_row\n" in excerpt
+    assert "return int(row)" in excerpt
+    assert "taskmill/worker.py" not in excerpt and "asyncio" not in excerpt
+    assert attempt.error == done.error
+
+
+async def test_the_excerpt_is_bounded_to_the_innermost_frames() -> None:
+    from taskmill.tracebacks import EXCERPT_FRAMES, EXCERPT_LIMIT
+
+    async with Taskmill("memory://", plugins=False) as tm:
+
+        @tm.handler("deep", max_retries=0)
+        async def deep(ctx: Context, params: dict[str, Any]) -> int:
+            return _deep(200)
+
+        task = await tm.enqueue("deep")
+        await tm.run_worker(until_idle=True)
+        done = await tm.get(task.id)
+
+    assert done is not None and done.error is not None
+    excerpt = done.error.split("\n", 1)[1]
+    assert len(excerpt) <= EXCERPT_LIMIT
+    # The innermost frames only (Python folds the repeated ones into one line).
+    assert 2 <= excerpt.count('  File "') <= EXCERPT_FRAMES
+    assert "in deep\n" not in excerpt
+    assert "in _deep\n" in excerpt and "return int(row)" in excerpt.splitlines()[-2]
+
+
+@pytest.mark.parametrize(
+    "handler",
+    [_fails, _asks_retry, _sleeps, _not_json],
+    ids=["fail", "retry", "timeout", "non-json-result"],
+)
+async def test_deliberate_failures_timeouts_and_results_keep_no_traceback(handler: Any) -> None:
+    async with Taskmill("memory://", plugins=False) as tm:
+        tm.register("t", handler, max_retries=0, timeout=0.05)
+        task = await tm.enqueue("t")
+        await tm.run_worker(until_idle=True)
+        done = await tm.get(task.id)
+    assert done is not None and done.error is not None
+    assert "Traceback" not in done.error

@@ -24,13 +24,13 @@ from taskmill_http import Client, HttpHandler, create_app, stored_handlers
 from taskmill_http.handler import lease_of, lease_token
 
 from tests.http_support import TOKENS, loopback_socket, serve, wait_for
+from tests.test_plugin_hooks import Recorder
 
 pytestmark = pytest.mark.timeout(90)
 
 SIDECAR = Path(__file__).with_name("http_sidecar.py")
 PHOTOS = {"Authorization": "Bearer tok-photos"}
 MUSIC = {"Authorization": "Bearer tok-music"}
-DETACHED = pytest.mark.xfail(strict=True, reason="needs worker support for detached attempts")
 
 
 @pytest.fixture
@@ -265,10 +265,16 @@ async def test_a_receiver_that_dies_mid_task_is_retried_once_it_is_back(
 # -- detached receivers (202) ---------------------------------------------------------------------
 
 
-@DETACHED
 async def test_a_detached_receiver_reports_progress_and_status_and_frees_the_slot(
-    http: httpx.AsyncClient, base_url: str, sidecar: Sidecar, worker_tm: Taskmill
+    http: httpx.AsyncClient,
+    base_url: str,
+    sidecar: Sidecar,
+    worker_tm: Taskmill,
+    service_tm: Taskmill,
 ):
+    in_worker, in_service = Recorder(), Recorder()
+    worker_tm.add_plugin(in_worker, name="recorder")
+    service_tm.add_plugin(in_service, name="recorder")
     await register(http, "long", sidecar.url, max_retries=0)
     async with running_worker(worker_tm) as worker, Client(base_url, "tok-photos") as client:
         await wait_registered(worker_tm, "long")
@@ -279,9 +285,18 @@ async def test_a_detached_receiver_reports_progress_and_status_and_frees_the_slo
     assert done.status is TaskStatus.COMPLETED and done.result == {"detached": True}
     assert done.progress.done == 2 and done.progress.total == 2
     assert sidecar.events("reported")[0]["status"] == 200
+    (attempt,) = await worker_tm.attempts(task.id)
+    assert attempt.outcome is AttemptOutcome.COMPLETED and attempt.worker_id == worker.worker_id
+    assert worker.detached == 1 and worker.processed == 0
+    # The worker that handed the attempt over says so; the process that stored the
+    # owner's report (the service) says how it ended.
+    assert in_worker.of(task) == [("started", 1), ("detached", 1)]
+    assert in_service.of(task) == [
+        ("enqueued", TaskStatus.PENDING),
+        ("finished", AttemptOutcome.COMPLETED, TaskStatus.COMPLETED, None),
+    ]
 
 
-@DETACHED
 async def test_a_cancel_reaches_a_detached_owner_as_409(
     http: httpx.AsyncClient, base_url: str, sidecar: Sidecar, worker_tm: Taskmill
 ):
@@ -298,7 +313,6 @@ async def test_a_cancel_reaches_a_detached_owner_as_409(
     assert [a.outcome for a in await worker_tm.attempts(task.id)] == [AttemptOutcome.CANCELLED]
 
 
-@DETACHED
 async def test_a_detached_owner_that_dies_loses_the_lease_and_the_task_is_rescued(
     http: httpx.AsyncClient, base_url: str, sidecar: Sidecar, worker_tm: Taskmill
 ):
@@ -390,6 +404,8 @@ async def test_reports_are_fenced_by_the_lease_and_scoped_to_the_app(
 async def test_a_suspension_reaches_a_detached_owner_and_gives_the_task_back(
     http: httpx.AsyncClient, service_tm: Taskmill
 ):
+    recorder = Recorder()
+    service_tm.add_plugin(recorder, name="recorder")
     photos = service_tm.for_app("photos")
     task = await photos.enqueue("long")
     (claimed,) = await service_tm.storage.claim_batch(
@@ -404,6 +420,9 @@ async def test_a_suspension_reaches_a_detached_owner_and_gives_the_task_back(
     assert refused.status_code == 409 and refused.json()["error"]["code"] == "cancelled"
     back = await service_tm.get(task.id)
     assert back is not None and back.status is TaskStatus.PENDING and back.attempts == 0
+    assert recorder.of(task)[1:] == [
+        ("finished", AttemptOutcome.INTERRUPTED, TaskStatus.PENDING, "cancelled (suspended)"),
+    ]
 
 
 def test_an_http_handler_needs_an_http_url():

@@ -99,6 +99,7 @@ def test_serve_serves_the_store_with_the_tokens_and_stops_on_sigterm(tmp_path: P
         assert process.stderr is not None
         log = process.stderr.read()
         assert f"http://127.0.0.1:{port}" in log and "s3cret" not in log
+        assert "on uvloop" in log  # installed with taskmill-http outside Windows
     finally:
         if process.poll() is None:
             process.kill()
@@ -121,3 +122,20 @@ def test_a_command_name_that_is_taken_is_refused():
     with pytest.raises(Exception, match="serve"):
         commands.add("serve", lambda a, s: None, "two")  # type: ignore[arg-type,return-value]
     assert commands.names == ["serve"]
+
+
+def test_a_command_may_name_the_event_loop_it_runs_on():
+    import argparse
+    import asyncio
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+
+    def add(name: str, run: object, summary: str, description: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=summary)
+
+    commands = CommandRegistrar(add, "plugin 'x'")
+    commands.add("fast", lambda a, s: None, "one", loop_factory=asyncio.new_event_loop)  # type: ignore[arg-type,return-value]
+    commands.add("plain", lambda a, s: None, "two")  # type: ignore[arg-type,return-value]
+    assert parser.parse_args(["fast"]).loop_factory is asyncio.new_event_loop
+    assert getattr(parser.parse_args(["plain"]), "loop_factory", None) is None

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,11 +117,9 @@ async def _kill_mid_task_then_rescue(
         held = await tm.get(task.id)
         assert held is not None and held.status is TaskStatus.RUNNING
 
-        killed_at = time.monotonic()
         options = ["--lease", lease] + (["--rescue-interval", rescue] if rescue else [])
         rescuer = cluster.start(*options)
-        done = await tm.wait(task.id, timeout=deadline)
-        recovered_in = time.monotonic() - killed_at
+        done = await tm.wait(task.id, timeout=deadline)  # raises past the deadline
         rescuer.send_signal(signal.SIGTERM)
         wait_exit(rescuer, 30)
 
@@ -132,7 +129,6 @@ async def _kill_mid_task_then_rescue(
         log = await tm.attempts(task.id)
         assert [a.outcome for a in log] == [AttemptOutcome.LOST, AttemptOutcome.COMPLETED]
         assert log[0].worker_id.split(":")[1] == str(victim.pid)
-        assert recovered_in < deadline
 
 
 async def test_a_killed_workers_task_is_completed_by_another_after_its_lease_expires(
@@ -199,16 +195,14 @@ async def test_a_cancel_from_this_process_stops_a_handler_in_another(cluster: Cl
         task = await tm.enqueue("steps", {"steps": 600})
         proc = cluster.start()
         await lines_appear(cluster, "started", 1, timeout=30)
-        began = time.monotonic()
         await tm.cancel(task.id)
+        # Stopped mid-run: the 600 steps would take a minute.
         await lines_appear(cluster, "stopped", 1, timeout=10)
-        reaction = time.monotonic() - began
         proc.send_signal(signal.SIGTERM)
         wait_exit(proc, 30)
         done = await tm.get(task.id)
         assert done is not None and done.status is TaskStatus.CANCELLED
         assert cluster.lines("ran") == []
-        assert reaction < 3, f"the handler stopped {reaction:.2f} s after the cancel"
         (attempt,) = await tm.attempts(task.id)
         assert attempt.outcome is AttemptOutcome.CANCELLED
 
@@ -246,9 +240,9 @@ async def test_events_from_a_worker_process_reach_a_subscriber_here(cluster: Clu
     from taskmill import EventKind, TaskFilter
 
     async with Taskmill(cluster.url, plugins=False) as tm:
-        stream = tm.events(TaskFilter(task_types=("steps",)))
+        # The subscription is in place (its cursor taken) before the task exists.
+        stream = await tm.subscribe(TaskFilter(task_types=("steps",)))
         first = asyncio.ensure_future(stream.__anext__())
-        await asyncio.sleep(0.2)  # the subscription is in place before the task exists
         task = await tm.enqueue("steps", {"steps": 3, "step_seconds": 0.3})
         proc = cluster.start()
         kinds = [(await asyncio.wait_for(first, 30)).kind]

@@ -18,6 +18,7 @@ from taskmill import (
     Cancelled,
     CancelReason,
     Context,
+    Detached,
     Fail,
     Task,
     Taskmill,
@@ -25,7 +26,7 @@ from taskmill import (
     Worker,
     hookimpl,
 )
-from taskmill.storage import ClaimRequest
+from taskmill.storage import ClaimRequest, utcnow
 from taskmill.testing import wait_until
 
 from tests.test_worker import Background, drain, worker_options
@@ -62,6 +63,11 @@ class Recorder:
     ) -> None:
         assert elapsed_ms >= 0
         self.calls.append(("finished", task.id, outcome, task.status, error))
+
+    @hookimpl
+    def taskmill_task_detached(self, task: Task, worker_id: str) -> None:
+        assert task.status is TaskStatus.RUNNING and task.worker_id == worker_id
+        self.calls.append(("detached", task.id, task.attempts))
 
     @hookimpl
     def taskmill_task_retried(self, task: Task, error: str | None, delay: float) -> None:
@@ -335,7 +341,15 @@ async def test_rescued_tasks_fire_retried_or_dead_lettered_in_the_rescuing_worke
         ClaimRequest(worker_id="ghost", handlers={(None, "job"): None}, limit=2, lease_seconds=0.05)
     )
     assert len(claimed) == 2
-    await asyncio.sleep(0.1)
+
+    async def leases_expired() -> bool:
+        current = [await tm.get(t.id) for t in claimed]
+        return all(
+            t is not None and t.lease_expires_at is not None and t.lease_expires_at < utcnow()
+            for t in current
+        )
+
+    await wait_until(leases_expired)
     # tick() rescues first, then claims (the retried task is due at once) and runs.
     assert await tm.worker(**worker_options()).tick() == 1
 
@@ -345,6 +359,29 @@ async def test_rescued_tasks_fire_retried_or_dead_lettered_in_the_rescuing_worke
         ("finished", OK, TaskStatus.COMPLETED, None),
     ]
     assert recorder.of(dead)[1:] == [("dead_lettered", TaskStatus.FAILED, "lease expired")]
+
+
+async def test_a_detached_attempt_fires_detached_instead_of_finished_then_is_rescued(
+    tm: Taskmill, recorder: Recorder
+):
+    log: list[str] = []
+    tm.add_plugin(Tracer(log), name="tracer")
+
+    @tm.handler("handoff", max_retries=0)
+    async def handoff(ctx: Context, params: dict) -> None:
+        raise Detached("the receiver took it over")
+
+    task = await tm.enqueue("handoff")
+    # The owner never reports: the lease the worker stopped renewing runs out.
+    async with Background(tm, lease_seconds=0.3, rescue_interval=0.05):
+        rescued = await tm.wait(task.id, timeout=10)
+    assert rescued.status is TaskStatus.FAILED
+    assert recorder.of(task)[1:] == [
+        ("started", 1),
+        ("detached", 1),
+        ("dead_lettered", TaskStatus.FAILED, "lease expired"),
+    ]
+    assert "tracer saw Detached" in log  # the handler's wrappers see the hand-over
 
 
 async def test_async_hook_implementations_are_awaited(tm: Taskmill):

@@ -15,7 +15,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -154,9 +153,7 @@ async def test_a_server_restart_mid_run_loses_nothing_and_runs_nothing_twice(
         counts = await _summary_when_reachable(cluster.url)
         return counts is not None and counts[0] == total
 
-    began = time.monotonic()
-    await wait_until(all_completed, timeout=120, interval=0.5)
-    recovered_in = time.monotonic() - began
+    await wait_until(all_completed, timeout=120, interval=0.5)  # fails past 120 s
     for proc in procs:
         proc.send_signal(signal.SIGTERM)
     for proc in procs:
@@ -169,4 +166,3 @@ async def test_a_server_restart_mid_run_loses_nothing_and_runs_nothing_twice(
     async with Taskmill(cluster.url, plugins=False) as tm:
         done = await tm.query(TaskFilter(statuses=(TaskStatus.COMPLETED,)), limit=total)
         assert len(done) == total
-    assert recovered_in < 120

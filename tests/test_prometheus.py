@@ -12,9 +12,12 @@ import uuid
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
-from taskmill import Context, Fail, Taskmill, TaskStatus
+from taskmill import AttemptOutcome, Context, Detached, Fail, Taskmill, TaskStatus
+from taskmill.storage import Finish, FinishKind, Lease, utcnow
 from taskmill.testing import wait_until
+from taskmill_prometheus import PrometheusExporter
 
 from tests.test_worker import Background
 
@@ -136,3 +139,58 @@ async def test_a_worker_serves_counters_durations_and_queue_depth_on_the_configu
     # The server stopped with the worker.
     with pytest.raises(urllib.error.URLError):
         await scrape(port)
+
+
+async def test_a_detached_attempt_stops_counting_as_running_and_is_counted_where_it_is_stored(
+    tmp_path: Path,
+) -> None:
+    """The worker's process hands the attempt over; a second process (the service, in
+    production) stores the owner's outcome: neither gauge goes wrong."""
+    worker_registry, service_registry = CollectorRegistry(), CollectorRegistry()
+    url = f"sqlite:///{tmp_path / 'tasks.db'}"
+    async with (
+        Taskmill(url, plugins=[PrometheusExporter(registry=worker_registry)]) as worker_tm,
+        Taskmill(url, plugins=[PrometheusExporter(registry=service_registry)]) as service_tm,
+    ):
+
+        @worker_tm.handler("handoff")
+        async def handoff(ctx: Context, params: dict) -> None:
+            raise Detached("the receiver took it over")
+
+        task = await worker_tm.enqueue("handoff")
+        async with Background(worker_tm) as worker:
+
+            async def handed_over() -> bool:
+                return worker.detached == 1
+
+            await wait_until(handed_over)
+        running = await worker_tm.get(task.id)
+        assert running is not None and running.started_at is not None
+        lease = Lease(task_id=task.id, worker_id=worker.worker_id, attempt=1)
+        finish = Finish(
+            lease=lease,
+            kind=FinishKind.COMPLETE,
+            outcome=AttemptOutcome.COMPLETED,
+            started_at=running.started_at,
+            finished_at=utcnow(),
+            result_json="null",
+        )
+        (stored,) = await service_tm.storage.finish_batch([finish])
+        assert stored is not None
+        await service_tm.plugins.attempt_finished(finish, stored)
+
+    labels = {"app_id": "", "task_type": "handoff"}
+    assert worker_registry.get_sample_value("taskmill_handlers_running", labels) == 0
+    assert (
+        worker_registry.get_sample_value(
+            "taskmill_attempts_total", {**labels, "outcome": "completed"}
+        )
+        is None
+    )
+    assert service_registry.get_sample_value("taskmill_handlers_running", labels) in (None, 0)
+    assert (
+        service_registry.get_sample_value(
+            "taskmill_attempts_total", {**labels, "outcome": "completed"}
+        )
+        == 1
+    )

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -257,7 +256,9 @@ HANGS = """
 import os, pathlib, signal, subprocess, sys, time
 here = pathlib.Path(sys.argv[1])
 if sys.argv[2] == "ignore-sigterm":
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    def shrug(signum, frame):  # noted, and carries on: only SIGKILL ends it
+        (here / "ignored-sigterm").touch()
+    signal.signal(signal.SIGTERM, shrug)
 else:
     def stop(signum, frame):
         (here / "got-sigterm").touch()
@@ -288,13 +289,11 @@ async def test_cancelling_a_running_program_stops_it_and_its_children(
         assert alive(program) and alive(child)
         cancelled = await tm.cancel(task.id)
         assert cancelled.status is TaskStatus.CANCELLED
-        started = time.monotonic()
         await wait_until(lambda: gone(program, child), timeout=10)
-        took = time.monotonic() - started
 
     assert (tmp_path / "got-sigterm").exists() is (behaviour == "stops-on-sigterm")
-    if behaviour == "ignore-sigterm":
-        assert took >= 0.3  # it had its grace period before SIGKILL
+    # A program that ignores SIGTERM got it first (its grace), then SIGKILL ended it.
+    assert (tmp_path / "ignored-sigterm").exists() is (behaviour == "ignore-sigterm")
     assert [a.outcome for a in await tm.attempts(task.id)] == [AttemptOutcome.CANCELLED]
 
 

@@ -1,8 +1,9 @@
-"""Control operations on ``sqlite:///`` across stores and processes sharing one file:
-cancellation, suspension and the event log (SPEC 5.6-5.11).
+"""Control operations on ``sqlite:///`` beyond the contract suite: real processes
+racing on one file, the claim and event statements and their indexes, chunked
+selections, and a differential test against the in-memory reference (SPEC 5.6-5.11).
 
-Two ``SQLiteStorage`` objects on one file stand in for two worker processes (each has
-its own connection and database thread); the dedupe test uses real processes.
+What two store objects on one file must do is in the shipped suite
+(``taskmill.testing.concurrency``).
 """
 
 from __future__ import annotations
@@ -24,31 +25,18 @@ from taskmill.model import (
     AttemptOutcome,
     CancelReason,
     EventKind,
-    Progress,
     SuspensionScope,
     Task,
     TaskEvent,
     TaskFilter,
     TaskStatus,
 )
-from taskmill.storage import ClaimRequest, FinishKind, NewTask, ProgressUpdate, TaskStorage
+from taskmill.storage import ClaimRequest, FinishKind, NewTask, TaskStorage
 from taskmill.testing import claim, finish, lease_of, new_task, wait_until
 
 
 def url_of(path: Path) -> str:
     return f"sqlite:///{path}"
-
-
-@pytest.fixture
-async def pair(tmp_path: Path) -> AsyncIterator[tuple[SQLiteStorage, SQLiteStorage]]:
-    """Two stores on one database file, as two processes would have."""
-    url = url_of(tmp_path / "shared.db")
-    a, b = SQLiteStorage.from_url(url), SQLiteStorage.from_url(url)
-    await a.open()
-    await b.open()
-    yield a, b
-    await a.close()
-    await b.close()
 
 
 @pytest.fixture
@@ -65,128 +53,6 @@ def raw(store: SQLiteStorage) -> sqlite3.Connection:
 
 def _plan(conn: sqlite3.Connection, sql: str, params: list) -> str:
     return "\n".join(row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", params))
-
-
-# -- across two stores on one file ------------------------------------------------------
-
-
-async def test_a_cancel_by_one_store_is_seen_by_the_others_lease_watch(pair):
-    a, b = pair
-    await b.enqueue([new_task(), new_task(), new_task()])
-    cancelled, suspended, untouched = await b.claim_batch(claim(worker="wb", limit=3))
-    leases = [lease_of(t) for t in (cancelled, suspended, untouched)]
-    assert await b.watch_leases(leases) == dict.fromkeys((cancelled.id, suspended.id, untouched.id))
-
-    (done,) = await a.cancel(task_ids=[cancelled.id], reason=CancelReason.USER)
-    assert done.status is TaskStatus.CANCELLED and done.worker_id is None
-    (asked,) = await a.cancel(task_ids=[suspended.id], reason=CancelReason.SUSPENDED)
-    assert asked.status is TaskStatus.RUNNING
-
-    expected = {suspended.id: CancelReason.SUSPENDED, untouched.id: None}
-    assert await b.watch_leases(leases) == expected
-    assert await b.renew_leases(leases, 30) == expected
-    # The worker behind b cannot overwrite the cancel, and the suspended task goes back.
-    late, released, completed = await b.finish_batch(
-        [
-            finish(cancelled, result="late"),
-            finish(suspended, FinishKind.FAIL, error="stopped"),
-            finish(untouched, result=1),
-        ]
-    )
-    assert late is None
-    assert released is not None and released.status is TaskStatus.PENDING
-    assert released.attempts == 0 and released.cancel_reason is None
-    assert completed is not None and completed.status is TaskStatus.COMPLETED
-    (attempt,) = await b.attempts(cancelled.id)
-    assert attempt.outcome is AttemptOutcome.CANCELLED
-    assert attempt.error == "cancelled (user)" and attempt.worker_id == "wb"
-    current = await b.get(cancelled.id)
-    assert current is not None and current.status is TaskStatus.CANCELLED
-
-
-async def test_a_suspension_stored_by_one_store_stops_claims_by_the_other(pair):
-    a, b = pair
-    await a.enqueue(
-        [new_task("a"), new_task("a", app_id="x"), new_task("b"), new_task("b", app_id="x")]
-    )
-    await a.suspend(SuspensionScope(task_type="a"))
-    await a.suspend(SuspensionScope(app_id="x"))
-    assert await b.suspensions() == [SuspensionScope(app_id="x"), SuspensionScope(task_type="a")]
-
-    # Host keys and an own key for app x: only the host's "b" task is claimable.
-    got = await b.claim_batch(claim("a", "b", ("x", "a"), ("x", "b"), limit=10))
-    assert [(t.task_type, t.app_id) for t in got] == [("b", None)]
-    assert await b.claim_batch(claim("a", "b", ("x", "a"), ("x", "b"))) == []
-
-    assert await b.resume(SuspensionScope(app_id="x")) is True
-    got = await a.claim_batch(claim("a", "b"))
-    assert [(t.task_type, t.app_id) for t in got] == [("b", "x")]  # "a" is still suspended
-    assert await a.resume(SuspensionScope(task_type="a")) is True
-    assert len(await b.claim_batch(claim("a", "b", limit=10))) == 2
-    assert await a.suspensions() == []
-
-
-async def test_suspending_from_one_store_asks_the_others_running_tasks_to_stop(pair):
-    a, b = pair
-    await b.enqueue([new_task("a", app_id="x"), new_task("a"), new_task("b", app_id="x")])
-    running = await b.claim_batch(claim("a", "b", limit=3))
-    assert await a.suspend(SuspensionScope(task_type="a", app_id="x")) == 1
-    assert await a.suspend(SuspensionScope(task_type="a", app_id="x")) == 0  # idempotent
-    assert await a.suspensions() == [SuspensionScope(task_type="a", app_id="x")]
-    watched = await b.watch_leases([lease_of(t) for t in running])
-    assert watched == {
-        t.id: CancelReason.SUSPENDED if (t.task_type, t.app_id) == ("a", "x") else None
-        for t in running
-    }
-
-
-async def test_events_written_by_one_store_are_read_by_the_other_in_order(pair):
-    a, b = pair
-    _, start = await b.read_events(None)
-    _, same = await a.read_events(None)
-    assert start == same
-
-    (task,) = await a.enqueue([new_task()])
-    (other,) = await b.enqueue([new_task("other")])
-    (running,) = await b.claim_batch(claim())
-    await a.save_progress([ProgressUpdate(lease=lease_of(running), progress=Progress(1, 2))])
-    await b.finish_batch([finish(running, FinishKind.RETRY, error="x")])
-    (again,) = await a.claim_batch(claim(worker="wa"))
-    await b.finish_batch([finish(again, result="ok")])
-    await a.cancel(task_ids=[other.id])
-
-    expected = [
-        (task.id, EventKind.ENQUEUED, TaskStatus.PENDING),
-        (other.id, EventKind.ENQUEUED, TaskStatus.PENDING),
-        (task.id, EventKind.STARTED, TaskStatus.RUNNING),
-        (task.id, EventKind.PROGRESS, TaskStatus.RUNNING),
-        (task.id, EventKind.RETRYING, TaskStatus.PENDING),
-        (task.id, EventKind.STARTED, TaskStatus.RUNNING),
-        (task.id, EventKind.COMPLETED, TaskStatus.COMPLETED),
-        (other.id, EventKind.CANCELLED, TaskStatus.CANCELLED),
-    ]
-    for reader in (a, b):
-        events, end = await reader.read_events(start)
-        assert [(e.task.id, e.kind, e.status) for e in events] == expected
-        cursors = [e.cursor for e in events]
-        assert cursors == list(range(start + 1, start + 1 + len(expected)))
-        assert end == cursors[-1]
-        assert all(e.at.tzinfo is not None for e in events)
-        # The snapshot is the task as it is now; status is what each change produced.
-        assert {e.task.status for e in events if e.task.id == task.id} == {TaskStatus.COMPLETED}
-
-    # Page by page from the other store: the same events, the cursor never going back.
-    paged = []
-    cursor = start
-    while True:
-        page, cursor = await b.read_events(cursor, limit=3)
-        if not page:
-            break
-        paged += page
-    assert [(e.task.id, e.kind, e.cursor) for e in paged] == [
-        (e.task.id, e.kind, e.cursor) for e in (await a.read_events(start))[0]
-    ]
-    assert await b.read_events(None) == ([], cursor)
 
 
 # -- several real processes -----------------------------------------------------------------
@@ -355,56 +221,6 @@ async def test_event_reads_and_cancel_lookups_use_indexes(store: SQLiteStorage):
     assert len(events) == 5
 
 
-@pytest.mark.parametrize("n", [1, 2, 8, 9, 100, 129, 300])
-async def test_batches_of_any_size_record_one_event_per_task_in_order(store: SQLiteStorage, n: int):
-    _, start = await store.read_events(None)
-    tasks = await store.enqueue([new_task() for _ in range(n)])
-    claimed = await store.claim_batch(claim(limit=n))
-    results = await store.finish_batch([finish(t) for t in claimed])
-    events, end = await store.read_events(start, limit=10 * n)
-    assert end == start + 3 * n
-    assert [e.cursor for e in events] == list(range(start + 1, end + 1))
-    assert [(e.kind, e.task.id) for e in events] == [
-        *((EventKind.ENQUEUED, t.id) for t in tasks),
-        *((EventKind.STARTED, t.id) for t in claimed),
-        *((EventKind.COMPLETED, t.id) for t in results if t is not None),
-    ]
-
-
-async def test_aliases_settled_with_their_leader_have_its_terminal_event(store: SQLiteStorage):
-    _, start = await store.read_events(None)
-    (leader,) = await store.enqueue([new_task("t", dedupe_key="k")])
-    first, second = await store.enqueue(
-        [new_task("t", dedupe_key="k"), new_task("t", dedupe_key="k")]
-    )
-    (running,) = await store.claim_batch(claim("t"))
-    await store.finish_batch([finish(running, result={"n": 1})])
-    events, _ = await store.read_events(start)
-    tail = [(e.task.id, e.kind, e.status) for e in events[-3:]]
-    assert tail == [
-        (leader.id, EventKind.COMPLETED, TaskStatus.COMPLETED),
-        (first.id, EventKind.COMPLETED, TaskStatus.COMPLETED),
-        (second.id, EventKind.COMPLETED, TaskStatus.COMPLETED),
-    ]
-    assert all(e.task.result == {"n": 1} for e in events[-3:])
-
-
-async def test_rescue_and_redrive_record_their_events(store: SQLiteStorage):
-    _, start = await store.read_events(None)
-    await store.enqueue([new_task(max_retries=0)])
-    (running,) = await store.claim_batch(claim(lease=0.05))
-    (failed,) = await wait_until(store.rescue_expired)
-    assert failed.status is TaskStatus.FAILED
-    await store.retry(running.id)
-    events, _ = await store.read_events(start)
-    assert [(e.kind, e.status) for e in events] == [
-        (EventKind.ENQUEUED, TaskStatus.PENDING),
-        (EventKind.STARTED, TaskStatus.RUNNING),
-        (EventKind.FAILED, TaskStatus.FAILED),
-        (EventKind.REQUEUED, TaskStatus.PENDING),
-    ]
-
-
 async def test_events_of_deleted_tasks_are_skipped_even_when_their_rowid_is_reused(
     store: SQLiteStorage,
 ):
@@ -426,20 +242,6 @@ async def test_events_of_deleted_tasks_are_skipped_even_when_their_rowid_is_reus
     assert cursor == events[0].cursor == start + 4
     # A page made only of skipped events still moves the cursor past them.
     assert await store.read_events(start, limit=2) == ([], start + 2)
-
-
-async def test_a_new_subscriber_starts_after_everything_committed(store: SQLiteStorage):
-    assert await store.read_events(None) == ([], 0)
-    await store.enqueue([new_task(), new_task()])
-    _, cursor = await store.read_events(None)
-    assert cursor == 2
-    assert await wait_until(lambda: store.prune_events(timedelta(0))) == 2
-    # Pruning everything does not move the start back: seqs are never reused.
-    assert await store.read_events(None) == ([], 2)
-    (task,) = await store.enqueue([new_task()])
-    events, _ = await store.read_events(2)
-    assert [(e.task.id, e.cursor) for e in events] == [(task.id, 3)]
-    assert await store.read_events(2, limit=0) == ([], 2)
 
 
 async def test_prune_deletes_the_old_prefix_of_the_log(store: SQLiteStorage):

@@ -79,14 +79,6 @@ async def read_back(path: Path) -> list[tuple[str, dict]]:
 # -- the migrations themselves ------------------------------------------------------------
 
 
-def test_migrations_are_numbered_from_one_without_gaps():
-    found = migrations()
-    assert [m.version for m in found] == list(range(1, len(found) + 1))
-    assert latest_version() == found[-1].version >= 1
-    assert found[0].name == "0001_initial.sql"
-    assert all(statements(m) for m in found)
-
-
 def test_statements_are_split_on_real_semicolons_only():
     script = """
     -- a comment; with a semicolon
@@ -103,39 +95,6 @@ def test_statements_are_split_on_real_semicolons_only():
     conn = sqlite3.connect(":memory:")
     for statement in statements:
         conn.execute(statement)
-
-
-async def test_a_fresh_database_equals_all_migrations_applied_in_order(tmp_path: Path):
-    fresh = tmp_path / "fresh.db"
-    store = SQLiteStorage.from_url(url_of(fresh))
-    await store.open()
-    await store.close()
-
-    stepwise = tmp_path / "stepwise.db"
-    conn = sqlite3.connect(stepwise, isolation_level=None)
-    for migration in migrations():
-        conn.execute("BEGIN")
-        for statement in statements(migration):
-            conn.execute(statement)
-        conn.execute(
-            "INSERT INTO taskmill_meta (key, value) VALUES ('schema_version', ?) "
-            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            (str(migration.version),),
-        )
-        conn.execute("COMMIT")
-    conn.close()
-
-    assert schema_of(fresh) == schema_of(stepwise)
-    assert stored_version(fresh) == stored_version(stepwise) == str(latest_version())
-    names = {row[1] for row in schema_of(fresh)}
-    assert {"tasks", "attempts", "taskmill_meta"} <= names
-    assert {
-        "tasks_claim",
-        "tasks_lease",
-        "tasks_finished",
-        "tasks_parent",
-        "tasks_dedupe_leader",
-    } <= names
 
 
 async def test_migrate_is_idempotent_and_keeps_tasks(tmp_path: Path):

@@ -187,7 +187,11 @@ async def test_a_second_signal_ends_a_stop_that_the_store_holds_up_within_a_seco
     async with _store_locked(store_url):
         # The first signal's stop cannot write the releases: the store does not answer.
         worker.proc.send_signal(getattr(signal, first))
-        await asyncio.sleep(0.5)  # let the stop reach the blocked write
+
+        async def stop_reached_the_write() -> bool:  # the grace is over: it writes now
+            return "stopping: interrupting" in worker.output()
+
+        await wait_until(stop_reached_the_write, timeout=30)
         assert worker.proc.poll() is None, "the worker stopped although the store was locked"
         sig = getattr(signal, second)
         worker.proc.send_signal(sig)

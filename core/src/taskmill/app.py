@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Collection, Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
+
+import attrs
 
 from taskmill.discovery import resolve_url, storage_for_url
 from taskmill.errors import InvalidTaskSpec, TaskmillError
 from taskmill.model import (
+    JSON,
     Task,
     TaskStatus,
 )
 from taskmill.operations import AppTasks, TaskOperations
 from taskmill.plugins import DISABLE_ENV, ENABLE_ENV, PluginInfo, Plugins
 from taskmill.registry import Handler, HandlerFunc, HandlerRegistry
-from taskmill.storage import Finish, TaskStorage, utcnow
+from taskmill.storage import TaskStorage
 from taskmill.worker import Worker
+from taskmill.worker_options import WorkerArgs, WorkerOptions
 
 F = TypeVar("F", bound=HandlerFunc)
 
@@ -262,42 +266,70 @@ class Taskmill(TaskOperations):
 
     # -- workers -----------------------------------------------------------------------
 
-    def worker(self, **options: Any) -> Worker:
+    def worker(
+        self, options: WorkerOptions | None = None, /, **overrides: Unpack[WorkerArgs]
+    ) -> Worker:
         """A :class:`~taskmill.worker.Worker` for this object's handlers and storage.
 
-        Options: ``concurrency`` (10), ``reserved_high_priority_slots`` (1),
-        ``worker_id``, ``lease_seconds`` (30), ``poll_interval`` (1.0),
-        ``shutdown_grace`` (30), ``retry_policy``, ``handle_signals`` (True),
-        ``idle_horizon`` (60), ``progress_interval`` (0.5), ``rescue_interval``.
-        """
-        return Worker(self, **options)
+        Takes the fields of :class:`~taskmill.WorkerOptions` as keyword arguments
+        (``concurrency`` 10, ``reserved_high_priority_slots`` 1, ``worker_id``,
+        ``lease_seconds`` 30, ``poll_interval`` 1.0, ``shutdown_grace`` 30,
+        ``retry_policy``, ``handle_signals`` True, ...), on top of ``options`` when
+        given, else of the defaults.
 
-    async def run_worker(self, *, until_idle: bool = False, **options: Any) -> Worker:
-        """Build a worker and run it (until idle, or until stopped); returns it."""
+        :raises ValueError: the options are inconsistent (see ``WorkerOptions``).
+        """
+        chosen = options or WorkerOptions()
+        if overrides:
+            chosen = attrs.evolve(chosen, **overrides)
+        return Worker(self, chosen)
+
+    async def run_worker(
+        self,
+        options: WorkerOptions | None = None,
+        /,
+        *,
+        until_idle: bool = False,
+        **overrides: Unpack[WorkerArgs],
+    ) -> Worker:
+        """Build a worker (as :meth:`worker` does) and run it, until idle or until
+        stopped; returns it."""
         self._check_open()
-        worker = self.worker(**options)
+        worker = self.worker(options, **overrides)
         if until_idle:
             await worker.run_until_idle()
         else:
             await worker.run()
         return worker
 
-    # -- seams used by the worker ------------------------------------------------------
+    # -- what a worker uses (taskmill.worker_host.WorkerHost) --------------------------
 
-    def _attach_worker(self, worker: Worker) -> None:
+    def attach_worker(self, worker: Worker) -> None:
+        """``worker`` starts serving this object: in-process enqueues wake it, and
+        :meth:`close` stops it. Called by the worker itself.
+
+        :raises TaskmillError: this object is not open.
+        """
         self._check_open()
         self._workers.add(worker)
 
-    def _detach_worker(self, worker: Worker) -> None:
+    def detach_worker(self, worker: Worker) -> None:
+        """``worker`` stopped serving (undoes :meth:`attach_worker`; idempotent)."""
         self._workers.discard(worker)
 
-    async def _spawn_child(
+    async def spawn_child(
         self,
         parent: Task,
         task_type: str,
-        params: dict[str, Any] | None,
+        params: dict[str, JSON] | None,
         options: dict[str, Any],
     ) -> Task:
+        """Enqueue a child of the running task ``parent``, as ``ctx.spawn`` does:
+        ``options`` are :meth:`enqueue`'s; ``parent_id`` is ``parent``'s and ``app_id``
+        defaults to its.
+
+        :raises InvalidTaskSpec: ``options`` names another parent.
+        """
         options.setdefault("app_id", parent.app_id)
         if options.get("parent_id", parent.id) != parent.id:
             raise InvalidTaskSpec("ctx.spawn creates children of the running task only")
@@ -315,37 +347,3 @@ class Taskmill(TaskOperations):
     async def _tasks_cancelled(self, tasks: list[Task]) -> None:
         if self.plugins.observes_cancels:
             await self.plugins.tasks_cancelled(tasks)
-
-    async def _worker_started(self, worker: Worker) -> None:
-        if self.plugins.observes_workers:
-            await self.plugins.worker_started(worker)
-
-    async def _worker_stopped(self, worker: Worker) -> None:
-        if self.plugins.observes_workers:
-            await self.plugins.worker_stopped(worker)
-
-    async def _after_finish(
-        self, finish: Finish, stored: Task | None, claimed: Task | None
-    ) -> None:
-        # No claimed task: nothing ran (the handler vanished before the task started).
-        if claimed is None or not self.plugins.observes_finishes:
-            return
-        if stored is None:
-            # The lease was lost (cancelled or rescued while the handler was finishing):
-            # the attempt ended the way the other writer ended it.
-            current = await self.storage.get(finish.lease.task_id)
-            await self.plugins.attempt_taken(
-                claimed, current, finish.started_at, finish.finished_at
-            )
-        else:
-            await self.plugins.attempt_finished(finish, stored)
-
-    async def _attempt_taken(
-        self, claimed: Task, current: Task | None, started_at: datetime
-    ) -> None:
-        if self.plugins.observes_finishes:
-            await self.plugins.attempt_taken(claimed, current, started_at, utcnow())
-
-    async def _tasks_rescued(self, tasks: list[Task]) -> None:
-        if self.plugins.observes_finishes:
-            await self.plugins.tasks_rescued(tasks)

@@ -12,8 +12,7 @@ A plugin is a module or object whose functions are marked with
   ``hookwrapper`` implementations are not supported (use
   :func:`taskmill_handler_context` to wrap handlers).
 - An exception raised by a notification hook (every hook but
-  :func:`taskmill_register_handlers`, :func:`taskmill_register_commands` and
-  :func:`taskmill_demo_workload`) is logged
+  :func:`taskmill_register_handlers` and :func:`taskmill_register_commands`) is logged
   with the plugin's name and otherwise ignored: it never stops a worker, another
   plugin, or the write of a task's outcome.
 - Notification hooks are awaited on the worker's (or the caller's) event loop, one after
@@ -32,7 +31,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from taskmill.context import Context
-    from taskmill.model import AttemptOutcome, CancelReason, Task, TaskSpec
+    from taskmill.model import AttemptOutcome, CancelReason, Task
     from taskmill.plugins import CommandRegistrar
     from taskmill.registry import HandlerRegistrar
     from taskmill.worker import Worker
@@ -90,9 +89,10 @@ def taskmill_task_started(task: Task, worker_id: str) -> None:
 
     Called in the worker's process, once per attempt, just before the
     :func:`taskmill_handler_context` context managers are entered. Every call is
-    followed by exactly one :func:`taskmill_task_finished` for the same attempt in the
-    same process (unless the process dies, or its outcome cannot be written at all at
-    shutdown).
+    followed by exactly one :func:`taskmill_task_finished` or, when the handler handed
+    the attempt over (:class:`~taskmill.Detached`), one :func:`taskmill_task_detached`
+    for the same attempt in the same process (unless the process dies, or its outcome
+    cannot be written at all at shutdown).
 
     :param task: the claimed snapshot: RUNNING, ``attempts`` already counting this
         attempt.
@@ -114,6 +114,14 @@ def taskmill_task_finished(
     :func:`taskmill_task_dead_lettered` or :func:`taskmill_task_cancelled` follow when
     the attempt had that effect.
 
+    A detached attempt (see :func:`taskmill_task_detached`) is not finished by its
+    worker: this hook is called, once, in the process that stores the outcome its new
+    owner reports (the taskmill-http service, for ``POST /v1/tasks/{id}/status``, or for
+    a ``/progress`` report that gives the task back on a suspension), with no
+    :func:`taskmill_task_started` before it in that process. A detached owner that
+    stops reporting gets no call: its task is rescued (``retried`` or
+    ``dead_lettered``) like a dead worker's.
+
     :param task: the task after the outcome was stored (COMPLETED, FAILED, CANCELLED, or
         PENDING for a retry or an interrupted attempt).
     :param outcome: how the attempt ended, as the execution log records it: COMPLETED,
@@ -121,6 +129,23 @@ def taskmill_task_finished(
         back to PENDING without spending the attempt) or LOST.
     :param elapsed_ms: the attempt's wall time, from its claim, in milliseconds.
     :param error: the attempt's error message, or None when it completed.
+    """
+
+
+@hookspec
+def taskmill_task_detached(task: Task, worker_id: str) -> None:
+    """A worker handed an attempt over to another owner: its handler raised
+    :class:`~taskmill.Detached` (an ``HttpHandler`` whose receiver answered 202).
+
+    Called in the worker's process instead of :func:`taskmill_task_finished`, once per
+    such attempt, after the worker freed the slot: the handler is no longer running
+    here, no outcome was stored, and the task stays RUNNING under the attempt's lease
+    until the new owner reports its outcome (then :func:`taskmill_task_finished` is
+    called in the process that stores it) or stops renewing the lease (then the task
+    is rescued like any other).
+
+    :param task: the claimed snapshot (RUNNING, ``attempts`` counting this attempt).
+    :param worker_id: the id of the worker that handed it over.
     """
 
 
@@ -235,35 +260,18 @@ def taskmill_register_commands(commands: CommandRegistrar) -> None:
     """Add commands to the ``taskmill`` command line (datasette's ``register_commands``).
 
     Called once when ``taskmill`` builds its argument parser, with the installed plugins
-    loaded from their entry points (minus ``$TASKMILL_DISABLE_PLUGINS``; a plugin that
-    cannot be loaded is left out with a warning there, so the command line still
-    works). Must be a plain ``def``. A command whose name is taken (by taskmill or by
-    another plugin) is left out with a warning.
+    that the ``enable_plugins`` and ``disable_plugins`` settings allow loaded from their
+    entry points (a plugin that cannot be loaded is left out with a warning there, so
+    the command line still works). Must be a plain ``def``. A command whose name is
+    taken (by taskmill or by another plugin) is left out with a warning.
 
-    :param commands: call ``commands.add(name, run, summary, description="")`` for each
-        command; it returns the command's ``argparse.ArgumentParser`` for its options.
+    :param commands: call ``commands.add(name, run, summary, description="", *,
+        loop_factory=None)`` for each command; it returns the command's
+        ``argparse.ArgumentParser`` for its options. ``loop_factory`` makes the event
+        loop the command runs on (default: asyncio's).
         ``run(args, settings)`` is an ``async def`` that gets the parsed
         ``argparse.Namespace`` and the command's :class:`~taskmill.settings.Settings`
         (``settings.url``, ``settings.taskmill_options()``, ...) and returns the exit
         status; a :class:`~taskmill.TaskmillError` it raises is printed as
         ``error: <message>`` with exit status 2, like taskmill's own commands.
-    """
-
-
-# -- the demo -------------------------------------------------------------------------
-
-
-@hookspec(firstresult=True)
-def taskmill_demo_workload(count: int, user_id: str, seed: int | None) -> list[TaskSpec] | None:
-    """Sample tasks for ``taskmill demo`` to enqueue and run.
-
-    ``firstresult``: taskmill stops at the first implementation that returns a list
-    (not None), and runs those tasks with the handlers the plugins registered. The
-    taskmill-demo plugin implements it; a plugin that wants to show its own handlers
-    off can too.
-
-    :param count: how many tasks to return.
-    :param user_id: stamp it on every task (the demo counts its run's tasks by it).
-    :param seed: seed for any randomness, or None.
-    :returns: exactly ``count`` task specs, or None when this plugin has no demo.
     """

@@ -22,6 +22,7 @@ hot paths skip a hook without a call.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import difflib
 import inspect
 import logging
@@ -37,7 +38,7 @@ import pluggy
 from taskmill import hookspecs
 from taskmill.context import Context
 from taskmill.errors import HandlerConflict, PluginError
-from taskmill.model import AttemptOutcome, CancelReason, Task, TaskSpec, TaskStatus
+from taskmill.model import AttemptOutcome, CancelReason, Task, TaskStatus
 from taskmill.registry import Handler, HandlerRegistrar, HandlerRegistry
 from taskmill.storage import Finish, FinishKind, utcnow
 
@@ -100,6 +101,8 @@ class BrokenPlugin:
 
 CommandRun = Callable[[argparse.Namespace, Any], Awaitable[int]]
 """What a plugin command runs: ``async def run(args, settings) -> int``."""
+LoopFactory = Callable[[], asyncio.AbstractEventLoop]
+"""What makes the event loop of a plugin's command (``CommandRegistrar.add``)."""
 
 
 class CommandRegistrar:
@@ -116,30 +119,52 @@ class CommandRegistrar:
         """The commands added through this object, in order."""
 
     def add(
-        self, name: str, run: CommandRun, summary: str, description: str = ""
+        self,
+        name: str,
+        run: CommandRun,
+        summary: str,
+        description: str = "",
+        *,
+        loop_factory: LoopFactory | None = None,
     ) -> argparse.ArgumentParser:
         """Add command ``name`` running ``run(args, settings)``; returns its parser.
 
+        :param loop_factory: makes the event loop ``run`` runs on (for instance
+            ``uvloop.new_event_loop``); default: asyncio's own.
         :raises PluginError: the name is taken (by taskmill or another plugin).
         """
         try:
             parser = self._add(name, run, summary, description)
         except argparse.ArgumentError as exc:
             raise PluginError(f"{self.source}: cannot add command {name!r}: {exc}") from None
+        if loop_factory is not None:
+            parser.set_defaults(loop_factory=loop_factory)
         self.names.append(name)
         return parser
 
 
-def add_plugin_commands(add: Callable[[str, Any, str, str], argparse.ArgumentParser]) -> None:
+def add_plugin_commands(
+    add: Callable[[str, Any, str, str], argparse.ArgumentParser],
+    *,
+    enable: Collection[str] | None = None,
+    disable: Collection[str] | None = None,
+) -> Plugins:
     """Let the installed plugins add their commands (``taskmill_register_commands``)
     through ``add(name, run, summary, description)``, the command line's own way of
     adding one. A plugin that cannot be loaded, or whose hook fails, is left out with a
-    warning: the command line must work to diagnose it."""
+    warning: the command line must work to diagnose it.
+
+    :param enable: load only these names (default: ``$TASKMILL_ENABLE_PLUGINS``).
+    :param disable: never load these names (default: ``$TASKMILL_DISABLE_PLUGINS``).
+    :returns: the plugins loaded, whose ``disabled``, ``not_enabled`` and ``broken``
+        say why a plugin added no commands.
+    """
     plugins = Plugins()
     # Quietly: the command that runs loads the plugins again and reports what is broken
     # or unmatched by its own policy (a failure for commands that run tasks).
-    plugins.load_entry_points(strict=False, warn=False)
+    plugins.load_entry_points(enable=enable, disable=disable, strict=False, warn=False)
     plugins.register_commands(add)
+    return plugins
 
 
 def disabled_names(environ: Mapping[str, str] = os.environ) -> frozenset[str]:
@@ -191,6 +216,7 @@ class Plugins:
         self.observes_enqueues = False
         self.observes_cancels = False
         self.observes_finishes = False
+        self.observes_detaches = False
         self.observes_workers = False
         self.intercepts_handlers = False
         """True when some plugin observes handler starts or wraps handlers."""
@@ -464,6 +490,7 @@ class Plugins:
                 "taskmill_task_cancelled",
             }
         )
+        self.observes_detaches = "taskmill_task_detached" in has
         self.observes_workers = bool(has & {"taskmill_worker_started", "taskmill_worker_stopped"})
         self.intercepts_handlers = bool(has & {"taskmill_task_started", "taskmill_handler_context"})
 
@@ -546,6 +573,11 @@ class Plugins:
             elapsed_ms=(ended_at - started_at).total_seconds() * 1000.0,
             error=error,
         )
+
+    async def attempt_detached(self, claimed: Task, worker_id: str) -> None:
+        """A worker handed the attempt of ``claimed`` over to another owner (its
+        handler raised :class:`~taskmill.Detached`): ``taskmill_task_detached``."""
+        await self._notify("taskmill_task_detached", task=claimed, worker_id=worker_id)
 
     async def tasks_rescued(self, tasks: list[Task]) -> None:
         """This worker took ``tasks`` back from expired leases: ``retried``,
@@ -653,30 +685,3 @@ class Plugins:
                     )
             except Exception as exc:
                 log.warning("%s: adding its commands failed (left out): %s", registrar.source, exc)
-
-    async def demo_workload(
-        self, count: int, user_id: str, seed: int | None
-    ) -> tuple[list[TaskSpec], PluginInfo] | None:
-        """The first ``taskmill_demo_workload`` result, with the plugin that gave it;
-        None when no plugin has a demo.
-
-        :raises PluginError: the hook raised, or returned something that is not a list
-            of task specs.
-        """
-        kwargs = {"count": count, "user_id": user_id, "seed": seed}
-        for impl in self._impls["taskmill_demo_workload"]:
-            label = self._label(impl.plugin_name)
-            try:
-                result = impl.function(*[kwargs[name] for name in impl.argnames])
-                if inspect.isawaitable(result):
-                    result = await result
-            except Exception as exc:
-                raise PluginError(
-                    f"{label}: taskmill_demo_workload raised {type(exc).__name__}: {exc}"
-                ) from exc
-            if result is None:
-                continue
-            if not isinstance(result, list) or not all(isinstance(s, TaskSpec) for s in result):
-                raise PluginError(f"{label}: taskmill_demo_workload must return a list of TaskSpec")
-            return result, self._infos[impl.plugin_name]
-        return None

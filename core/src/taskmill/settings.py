@@ -27,7 +27,6 @@ lists): code that wants the same settings calls :func:`load_settings` and passes
 from __future__ import annotations
 
 import difflib
-import inspect
 import math
 import os
 import tomllib
@@ -41,7 +40,7 @@ import attrs
 from taskmill.app import DEFAULT_MAX_PARAMS_BYTES, DEFAULT_MAX_RETRIES
 from taskmill.backoff import RetryPolicy
 from taskmill.errors import ConfigurationError
-from taskmill.worker import Worker
+from taskmill.worker_options import WorkerOptions
 
 LogFormat = Literal["plain", "json"]
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -60,11 +59,7 @@ prints them."""
 DEFAULT: Final = "default"
 COMMAND_LINE: Final = "command line"
 
-_WORKER_DEFAULTS: Final = {
-    name: p.default
-    for name, p in inspect.signature(Worker.__init__).parameters.items()
-    if p.default is not inspect.Parameter.empty
-}
+_WORKER_DEFAULTS: Final[dict[str, Any]] = {f.name: f.default for f in attrs.fields(WorkerOptions)}
 _RETRY_DEFAULTS: Final = RetryPolicy()
 
 
@@ -304,6 +299,15 @@ class Settings:
         default=_WORKER_DEFAULTS["concurrency"],
         metadata=_meta(_whole(1), "worker", "task slots of a worker"),
     )
+    processes: int = attrs.field(
+        default=1,
+        metadata=_meta(
+            _whole(1),
+            "worker",
+            "worker processes `taskmill worker` runs, under a supervisor that restarts "
+            "crashed ones (docs/cli.md)",
+        ),
+    )
     reserved_high_priority_slots: int | None = attrs.field(
         default=_WORKER_DEFAULTS["reserved_high_priority_slots"],
         metadata=_meta(
@@ -539,6 +543,7 @@ ENV_VARS: Final[Mapping[str, str]] = {
     "max_params_bytes": "TASKMILL_MAX_PARAMS_BYTES",
     "default_max_retries": "TASKMILL_DEFAULT_MAX_RETRIES",
     "concurrency": "TASKMILL_CONCURRENCY",
+    "processes": "TASKMILL_PROCESSES",
     "reserved_high_priority_slots": "TASKMILL_RESERVED_HIGH_PRIORITY_SLOTS",
     "worker_id": "TASKMILL_WORKER_ID",
     "lease_seconds": "TASKMILL_LEASE_SECONDS",

@@ -63,18 +63,43 @@ def wall_clock() -> float:
 
 @attrs.frozen
 class StorageCapabilities:
-    """What a backend can do beyond the contract's core; the contract suite reads these
-    instead of skipping tests ad hoc, and docs/backends.md lists each backend's gaps."""
+    """What a backend can do beyond the contract's core.
+
+    The contract suite reads these: a test that needs a capability is marked with
+    :func:`taskmill.testing.requires` and is skipped, naming the capability, on a backend
+    that declares it lacks it; every other test runs everywhere. A backend declares what
+    it lacks by setting a flag to False, and docs/backends.md lists each backend's gaps.
+    """
 
     durable: bool = True
-    """Tasks survive the process that wrote them."""
+    """Tasks survive the process that wrote them: a store opened again on the same URL
+    after :meth:`TaskStorage.close` holds everything that was committed."""
     shared_between_processes: bool = True
-    """Several processes (and machines, for server databases) can use one store."""
+    """Several processes (and machines, for server databases) can use one store: two
+    store objects built from the same URL are two views of the same tasks, and every
+    guarantee (one claimant per task, one dedupe leader, stop requests, the event log)
+    holds across them."""
     notifications: bool = False
-    """The backend pushes 'new work' to idle workers instead of relying on polling."""
+    """The backend pushes 'new work' to idle workers instead of relying on polling:
+    :meth:`TaskStorage.change_listener` returns a listener that a commit made through
+    any store object wakes."""
+    transactions_across_records: bool = True
+    """An operation that writes several records (a batch enqueue, a leader's finish
+    with the settlement of its aliases, a cascading cancel) commits them together: a
+    reader through another store object sees all of them or none."""
+    commit_ordered_cursors: bool = True
+    """Event cursors follow commit order across every store object: a reader polling
+    :meth:`TaskStorage.read_events` while others write sees each event exactly once,
+    never passing an event that commits later."""
     handler_registrations: bool = False
     """The backend keeps :class:`HandlerRegistration` records (the ``*_handler_
     registration`` methods work)."""
+
+    def lacking(self) -> tuple[str, ...]:
+        """The names of the capabilities this backend declares it lacks, in field order."""
+        return tuple(
+            field.name for field in attrs.fields(type(self)) if not getattr(self, field.name)
+        )
 
 
 class StoreChange(enum.Enum):
@@ -328,7 +353,14 @@ class TaskStorage(abc.ABC):
         has come, at or above ``min_priority``, ordered by priority DESC then creation
         ASC, honouring each handler's cap. Each claimed task gets ``attempts + 1``,
         ``worker_id``, ``started_at`` = now and ``lease_expires_at`` = now +
-        ``lease_seconds``. A task is returned to exactly one caller.
+        ``lease_seconds``. A task is returned to exactly one caller, however many store
+        objects and processes claim at once.
+
+        A claim that races a suspension (it read the suspensions before another process
+        committed one that covers a task it then claimed) may still return that task:
+        the task is then reported SUSPENDED by the next :meth:`watch_leases` or
+        :meth:`renew_leases` of its worker, exactly as if it had been running when the
+        suspension was stored, so its worker releases it.
 
         :returns: the claimed snapshots in claim order.
         """
@@ -359,7 +391,9 @@ class TaskStorage(abc.ABC):
 
         :returns: for each task whose lease still holds, the cancel reason requested for
             it while it runs (None when none): the worker interrupts those. A task
-            missing from the result is no longer this worker's: it must stop writing.
+            running in a suspended scope is reported SUSPENDED even when no stop request
+            was recorded for it (its claim raced the suspension). A task missing from
+            the result is no longer this worker's: it must stop writing.
         """
 
     @abc.abstractmethod
@@ -386,10 +420,21 @@ class TaskStorage(abc.ABC):
     async def retry(self, task_id: str) -> Task:
         """Redrive a FAILED or CANCELLED task: back to PENDING, due now, with a fresh
         attempt budget (``attempts`` = 0); result, error and cancel reason are cleared.
-        The execution log is kept.
+        The execution log is kept. A redriven task with a ``dedupe_key`` leads its key
+        again: later enqueues with that key become its aliases.
+
+        Two redrives are refused, because they would break dedupe (SPEC 5.7):
+
+        - an alias: it only ever takes its leader's outcome; retry the leader, or enqueue
+          anew;
+        - a task whose ``(app_id, task_type, dedupe_key)`` has another active (PENDING or
+          RUNNING) leader by now: two leaders would hold one key.
 
         :raises TaskNotFound: no such task.
-        :raises InvalidTransition: the task is not FAILED or CANCELLED.
+        :raises InvalidTransition: the task is not FAILED or CANCELLED (the message names
+            its status), is an alias (the message says "alias" and names the leader), or
+            its dedupe key is held by another active leader (the message says "already
+            active" and names it). Nothing is changed.
         """
 
     # -- reading -----------------------------------------------------------------
@@ -477,7 +522,9 @@ class TaskStorage(abc.ABC):
         makes often to learn of cancellations and suspensions of its running tasks.
 
         :returns: for each lease that still holds, the stop request recorded for the
-            task (None when none). A task missing from the result is no longer held.
+            task (None when none), SUSPENDED for a task in a suspended scope whose claim
+            raced the suspension (as :meth:`renew_leases`). A task missing from the
+            result is no longer held.
         """
 
     @abc.abstractmethod

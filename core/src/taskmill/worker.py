@@ -6,6 +6,10 @@ Around the claim loop run four background duties: writing finished attempts (gro
 commit: whatever finished while the previous write was in flight goes in the next one),
 saving coalesced progress, renewing leases (and learning of lost leases), and rescuing
 other workers' expired leases.
+
+A handler that raises :class:`~taskmill.Detached` hands its attempt over to another owner
+(an HTTP receiver that answered 202): the worker frees the slot and forgets the attempt;
+the owner reports its progress and outcome through the store, fenced by the lease.
 """
 
 from __future__ import annotations
@@ -21,15 +25,16 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Collection
-from datetime import datetime, timedelta
+from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
+from taskmill import tracebacks
 from taskmill.backoff import RetryPolicy
 from taskmill.context import Context
-from taskmill.errors import Cancelled, Fail, Retry
+from taskmill.errors import Cancelled, Detached, Fail, Retry, TaskmillError
 from taskmill.lifecycle import FINISHES, attempt_kind, finish_kind
 from taskmill.model import AttemptOutcome, CancelReason, Priority, Task, TaskStatus
 from taskmill.registry import Handler
@@ -46,6 +51,8 @@ from taskmill.storage import (
     utcnow,
 )
 from taskmill.waiting import cancel_and_wait, wait_event, within
+from taskmill.worker_host import WorkerHost
+from taskmill.worker_options import WorkerOptions
 
 if TYPE_CHECKING:
     from taskmill.app import Taskmill
@@ -145,74 +152,44 @@ def default_worker_id() -> str:
 class Worker:
     """Runs the handlers of a :class:`~taskmill.Taskmill` against its storage.
 
-    Build one with ``tm.worker(...)``. Use :meth:`run` (until :meth:`stop` or
-    SIGTERM/SIGINT), :meth:`run_until_idle`, or :meth:`tick` from a loop you own.
+    Build one with ``tm.worker(...)`` (its keyword arguments are the fields of
+    :class:`~taskmill.WorkerOptions`). Use :meth:`run` (until :meth:`stop` or
+    SIGTERM/SIGINT), :meth:`run_until_idle`, or :meth:`tick` from a loop you own. The
+    worker uses its ``Taskmill`` only through :class:`~taskmill.WorkerHost`.
     """
 
-    def __init__(
-        self,
-        taskmill: Taskmill,
-        *,
-        concurrency: int = 10,
-        reserved_high_priority_slots: int | None = None,
-        worker_id: str | None = None,
-        lease_seconds: float = 30.0,
-        poll_interval: float = 1.0,
-        min_poll_interval: float = 0.05,
-        rescue_interval: float | None = None,
-        progress_interval: float = 0.5,
-        shutdown_grace: float = 30.0,
-        retry_policy: RetryPolicy | None = None,
-        handle_signals: bool = True,
-        idle_horizon: float = 60.0,
-        cancel_check_interval: float = 0.5,
-        event_retention: timedelta = timedelta(minutes=2),
-        cleanup_older_than: timedelta | None = None,
-        cleanup_interval: float = 300.0,
-        task_types: Collection[str] | None = None,
-        app_ids: Collection[str | None] | None = None,
-    ) -> None:
-        if concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    def __init__(self, taskmill: Taskmill, options: WorkerOptions | None = None) -> None:
+        options = options or WorkerOptions()
+        self._taskmill = taskmill
+        self._host: WorkerHost = taskmill
+        self.options = options
+        """What the worker was built with (the attributes below resolve its defaults)."""
+        concurrency = options.concurrency
+        reserved_high_priority_slots = options.reserved_high_priority_slots
         if reserved_high_priority_slots is None:
             # One slot kept for urgent work, except in a one-slot worker: reserving its
             # only slot would leave nothing for normal tasks.
             reserved_high_priority_slots = 1 if concurrency > 1 else 0
-        elif reserved_high_priority_slots < 0:
-            raise ValueError(
-                f"reserved_high_priority_slots must be >= 0, got {reserved_high_priority_slots}"
-            )
-        elif reserved_high_priority_slots >= concurrency:
-            raise ValueError(
-                f"reserved_high_priority_slots={reserved_high_priority_slots} leaves no slot "
-                f"for normal-priority tasks with concurrency={concurrency}: reserve at most "
-                f"{concurrency - 1}, or raise the concurrency"
-            )
-        if lease_seconds <= 0:
-            raise ValueError("lease_seconds must be > 0")
-        self._tm = taskmill
-        self.worker_id = worker_id or default_worker_id()
+        self.worker_id = options.worker_id or default_worker_id()
         self.concurrency = concurrency
         self.reserved_high_priority_slots = reserved_high_priority_slots
-        self.task_types: frozenset[str] | None = (
-            None if task_types is None else frozenset(task_types)
-        )
+        self.task_types: frozenset[str] | None = options.task_types
         """Only these task types are claimed (None: every type with a handler)."""
-        self.app_ids: frozenset[str | None] | None = None if app_ids is None else frozenset(app_ids)
+        self.app_ids: frozenset[str | None] | None = options.app_ids
         """Only tasks of these apps are claimed (None for the host's own; None: all)."""
-        self.lease_seconds = lease_seconds
-        self.poll_interval = max(poll_interval, min_poll_interval)
-        self.min_poll_interval = min_poll_interval
-        self.rescue_interval = rescue_interval or max(0.05, lease_seconds / 3)
-        self.progress_interval = progress_interval
-        self.shutdown_grace = shutdown_grace
-        self.retry_policy = retry_policy or RetryPolicy()
-        self.handle_signals = handle_signals
-        self.idle_horizon = idle_horizon
-        self.cancel_check_interval = cancel_check_interval
-        self.event_retention = event_retention
-        self.cleanup_older_than = cleanup_older_than
-        self.cleanup_interval = cleanup_interval
+        self.lease_seconds = options.lease_seconds
+        self.poll_interval = max(options.poll_interval, options.min_poll_interval)
+        self.min_poll_interval = options.min_poll_interval
+        self.rescue_interval = options.rescue_interval or max(0.05, options.lease_seconds / 3)
+        self.progress_interval = options.progress_interval
+        self.shutdown_grace = options.shutdown_grace
+        self.retry_policy = options.retry_policy or RetryPolicy()
+        self.handle_signals = options.handle_signals
+        self.idle_horizon = options.idle_horizon
+        self.cancel_check_interval = options.cancel_check_interval
+        self.event_retention = options.event_retention
+        self.cleanup_older_than = options.cleanup_older_than
+        self.cleanup_interval = options.cleanup_interval
         self._last_cleanup = float("-inf")
 
         self._running: dict[str, _Execution] = {}
@@ -246,13 +223,16 @@ class Worker:
         """True when a second signal cut the grace period short."""
         self.processed = 0
         """Attempts this worker finished (any outcome)."""
+        self.detached = 0
+        """Attempts this worker handed over to another owner (the handler raised
+        :class:`~taskmill.Detached`); not counted in :attr:`processed`."""
 
     # -- public API -------------------------------------------------------------------
 
     @property
     def taskmill(self) -> Taskmill:
         """The :class:`~taskmill.Taskmill` whose handlers and storage this worker uses."""
-        return self._tm
+        return self._taskmill
 
     @property
     def running(self) -> int:
@@ -262,7 +242,8 @@ class Worker:
     @property
     def held(self) -> int:
         """Tasks this worker holds in the store: running handlers plus outcomes not yet
-        written. Never more than ``concurrency``: claims wait for the writes."""
+        written. Never more than ``concurrency``: claims wait for the writes. An attempt
+        handed over to another owner (:class:`~taskmill.Detached`) is no longer held."""
         return len(self._running) + len(self._finishes) + len(self._in_flight)
 
     async def run(self) -> None:
@@ -340,7 +321,7 @@ class Worker:
             raise RuntimeError("this worker is already running")
         self._prepare()
         assert self._stopped is not None
-        self._tm._attach_worker(self)
+        self._host.attach_worker(self)
         self._active = True
         self._stopping = False
         self._grace = None
@@ -361,7 +342,8 @@ class Worker:
                 self._background.append(
                     asyncio.create_task(self._listen_loop(self._listener), name="taskmill-listen")
                 )
-            await self._tm._worker_started(self)
+            if self._host.plugins.observes_workers:
+                await self._host.plugins.worker_started(self)
             await self._claim_loop(until_idle=until_idle)
         finally:
             try:
@@ -371,7 +353,7 @@ class Worker:
                 if self._force_exit is not None:
                     self._force_exit.cancel()
                     self._force_exit = None
-                self._tm._detach_worker(self)
+                self._host.detach_worker(self)
                 self._active = False
                 self._stopped.set()
 
@@ -423,7 +405,7 @@ class Worker:
         ``task_types`` and ``app_ids``."""
         return [
             h
-            for h in self._tm.registry
+            for h in self._host.registry
             if (self.task_types is None or h.task_type in self.task_types)
             and (self.app_ids is None or h.app_id in self.app_ids)
         ]
@@ -432,7 +414,7 @@ class Worker:
         keys = [h.key for h in self.served_handlers()]
         if not keys:
             return None
-        due = await self._tm.storage.next_run_at(keys)
+        due = await self._host.storage.next_run_at(keys)
         if due is None:
             return None
         return max(0.0, (due - utcnow()).total_seconds())
@@ -440,7 +422,7 @@ class Worker:
     def _claim_handlers(self) -> dict[HandlerKey, int | None]:
         handlers: dict[HandlerKey, int | None] = {}
         served = {h.key for h in self.served_handlers()}
-        for handler in self._tm.registry:
+        for handler in self._host.registry:
             if handler.key not in served:
                 # Filtered out, but kept in the request with room 0, like a full handler:
                 # left out, its app's tasks would be claimed through the host's key.
@@ -472,7 +454,7 @@ class Worker:
             handlers = self._claim_handlers()
             if not any(room is None or room > 0 for room in handlers.values()):
                 return claimed, True
-            batch = await self._tm.storage.claim_batch(
+            batch = await self._host.storage.claim_batch(
                 ClaimRequest(
                     worker_id=self.worker_id,
                     handlers=handlers,
@@ -493,7 +475,7 @@ class Worker:
         return claimed, False
 
     def _start(self, task: Task) -> None:
-        handler = self._tm.registry.lookup(task.app_id, task.task_type)
+        handler = self._host.registry.lookup(task.app_id, task.task_type)
         lease = Lease(task_id=task.id, worker_id=self.worker_id, attempt=task.attempts)
         now = task.started_at or utcnow()
         if handler is None:  # unregistered since the claim: give it back untouched
@@ -515,7 +497,7 @@ class Worker:
             handler=handler,
             key=key,
             lease=lease,
-            ctx=Context(task, spawner=self._tm._spawn_child),
+            ctx=Context(task, spawner=self._host.spawn_child),
             started_at=now,
             high=task.priority >= _HIGH_PRIORITY,
         )
@@ -569,8 +551,9 @@ class Worker:
         error: str | None = None
         retry_delay: float | None = None
         failure: BaseException | None = None
+        where: str | None = None  # the traceback excerpt of an unexpected exception
         try:
-            plugins = self._tm.plugins
+            plugins = self._host.plugins
             if plugins.intercepts_handlers:  # started hooks, handler contexts
                 result = await plugins.run_handler(
                     task, ctx, self.worker_id, functools.partial(self._call_handler, execution)
@@ -582,6 +565,9 @@ class Worker:
             except (TypeError, ValueError) as exc:
                 kind, outcome = FinishKind.FAIL, AttemptOutcome.FAILED
                 error = f"handler result is not JSON-serializable: {exc}"
+        except Detached as exc:
+            await self._hand_over(execution, exc)
+            return
         except Retry as exc:
             kind, outcome, error, retry_delay = (
                 FinishKind.RETRY,
@@ -617,6 +603,8 @@ class Worker:
             kind, outcome = FinishKind.RETRY, AttemptOutcome.FAILED
             error = f"{type(exc).__name__}: {exc}"
             failure = exc
+            if not isinstance(exc, TaskmillError):  # taskmill's own frames say nothing
+                where = tracebacks.excerpt(exc)
         interrupted = ctx.cancel_reason
         if interrupted is not None and not interrupted.terminal:
             # A handler that turned SHUTDOWN/SUSPENDED into another error is still
@@ -639,7 +627,7 @@ class Worker:
             started_at=execution.started_at,
             finished_at=utcnow(),
             result_json=result_json,
-            error=error,
+            error=error if where is None else f"{error}\n{where}",
             retry_in=retry_delay or 0.0,
             cancel_reason=ctx.cancel_reason if kind is FinishKind.CANCEL else None,
             data=data,
@@ -648,6 +636,32 @@ class Worker:
         if not execution.abandoned:
             self._queue_finish(finish, task)
         self._free_slot(execution)
+
+    async def _hand_over(self, execution: _Execution, detached: Detached) -> None:
+        """The handler gave its attempt to another owner: free the slot at once, and
+        from now on write nothing for the attempt (no outcome, no progress, no lease
+        renewal), so the task stays RUNNING under its lease until the new owner
+        reports, or the lease expires and any worker rescues it."""
+        self._free_slot(execution)
+        task = execution.task
+        if execution.abandoned:
+            # The lease was lost first (cancelled, rescued): there is nothing to hand
+            # over, and the attempt was reported as taken.
+            log.info("task %s: handed over after its lease was lost (%s)", task.id, detached)
+            return
+        self.detached += 1
+        log.info(
+            "task %s (%s) attempt %d detached (%s): the new owner reports it",
+            task.id,
+            task.task_type,
+            task.attempts,
+            detached,
+        )
+        try:
+            if self._host.plugins.observes_detaches:
+                await self._host.plugins.attempt_detached(task, self.worker_id)
+        except Exception:
+            log.exception("detached notification for task %s failed", task.id)
 
     # -- writing outcomes ---------------------------------------------------------------
 
@@ -675,7 +689,7 @@ class Worker:
             self._flushing = True
             began = time.monotonic()
             try:
-                results = await self._tm.storage.finish_batch([f for f, _ in batch])
+                results = await self._host.storage.finish_batch([f for f, _ in batch])
             except Exception:
                 self._in_flight = []
                 self._flushing = False
@@ -702,7 +716,7 @@ class Worker:
                         finish.lease.task_id,
                     )
                 try:
-                    await self._tm._after_finish(finish, stored, claimed)
+                    await self._notify_finished(finish, stored, claimed)
                 except Exception:
                     log.exception(
                         "after-finish notification for task %s failed", finish.lease.task_id
@@ -713,6 +727,21 @@ class Worker:
         self._flushed.set()
         if self._wake is not None:
             self._wake.set()
+
+    async def _notify_finished(
+        self, finish: Finish, stored: Task | None, claimed: Task | None
+    ) -> None:
+        """The lifecycle hooks of one written outcome (``stored`` None: the lease was
+        lost, and the attempt ended the way the other writer ended it)."""
+        plugins = self._host.plugins
+        # No claimed task: nothing ran (the handler vanished before the task started).
+        if claimed is None or not plugins.observes_finishes:
+            return
+        if stored is None:
+            current = await self._host.storage.get(finish.lease.task_id)
+            await plugins.attempt_taken(claimed, current, finish.started_at, finish.finished_at)
+        else:
+            await plugins.attempt_finished(finish, stored)
 
     def _note_write_time(self, seconds: float, count: int) -> None:
         """Say so in the log when the store is slow to take outcomes (claims wait)."""
@@ -763,7 +792,7 @@ class Worker:
             if not leases:
                 continue
             try:
-                held = await self._tm.storage.renew_leases(leases, self.lease_seconds)
+                held = await self._host.storage.renew_leases(leases, self.lease_seconds)
             except Exception:
                 log.exception("renewing %d leases failed", len(leases))
                 continue
@@ -771,7 +800,7 @@ class Worker:
 
     async def _open_listener(self) -> ChangeListener | None:
         try:
-            return await self._tm.storage.change_listener()
+            return await self._host.storage.change_listener()
         except Exception:
             log.exception("the store's change notifications are unavailable; polling only")
             return None
@@ -804,7 +833,7 @@ class Worker:
             if not leases:
                 continue
             try:
-                held = await self._tm.storage.watch_leases(leases)
+                held = await self._host.storage.watch_leases(leases)
             except Exception:
                 log.exception("checking %d leases failed", len(leases))
                 continue
@@ -829,7 +858,7 @@ class Worker:
         """Another writer owns the task now (it was cancelled, or rescued after this
         worker stalled): stop the handler and never write its outcome."""
         execution.abandoned = True
-        current = await self._tm.storage.get(execution.task.id)
+        current = await self._host.storage.get(execution.task.id)
         reason = (current.cancel_reason if current is not None else None) or (CancelReason.USER)
         if current is not None and current.status is TaskStatus.CANCELLED:
             log.info(
@@ -842,7 +871,10 @@ class Worker:
                 current.status.value if current else "deleted",
             )
         execution.ctx._interrupt(reason)
-        await self._tm._attempt_taken(execution.task, current, execution.started_at)
+        if self._host.plugins.observes_finishes:
+            await self._host.plugins.attempt_taken(
+                execution.task, current, execution.started_at, utcnow()
+            )
 
     async def _save_progress_loop(self) -> None:
         while True:
@@ -856,14 +888,14 @@ class Worker:
                     )
             if updates:
                 try:
-                    await self._tm.storage.save_progress(updates)
+                    await self._host.storage.save_progress(updates)
                 except Exception:
                     log.exception("saving progress of %d tasks failed", len(updates))
 
     async def _housekeeping_once(self) -> None:
         """Rescue expired leases, prune the event log, and run the periodic cleanup."""
         await self._rescue_once()
-        storage = self._tm.storage
+        storage = self._host.storage
         await storage.prune_events(self.event_retention)
         now = time.monotonic()
         if self.cleanup_older_than is not None and now - self._last_cleanup >= (
@@ -880,9 +912,9 @@ class Worker:
         # expired too, and it must not rescue a task whose outcome it is still writing.
         leases = self._held_leases()
         if leases:
-            held = await self._tm.storage.renew_leases(leases, self.lease_seconds)
+            held = await self._host.storage.renew_leases(leases, self.lease_seconds)
             await self._apply_lease_state(leases, held)
-        rescued = await self._tm.storage.rescue_expired()
+        rescued = await self._host.storage.rescue_expired()
         if rescued:
             log.warning(
                 "rescued %d tasks whose worker lost its lease: %s",
@@ -891,7 +923,8 @@ class Worker:
             )
             if self._wake is not None:
                 self._wake.set()
-            await self._tm._tasks_rescued(rescued)
+            if self._host.plugins.observes_finishes:
+                await self._host.plugins.tasks_rescued(rescued)
         return len(rescued)
 
     async def _rescue_loop(self) -> None:
@@ -972,7 +1005,8 @@ class Worker:
                 except Exception:
                     log.exception("closing the store's change listener failed")
             self._release_resources()
-            await self._tm._worker_stopped(self)
+            if self._host.plugins.observes_workers:
+                await self._host.plugins.worker_stopped(self)
 
     def _current_grace(self) -> float:
         return self.shutdown_grace if self._grace is None else self._grace

@@ -184,6 +184,8 @@ class PostgresStorage(TaskStorage):
         durable=True,
         shared_between_processes=True,
         notifications=True,
+        transactions_across_records=True,
+        commit_ordered_cursors=True,
         handler_registrations=True,
     )
 

@@ -88,7 +88,12 @@ class MemoryStorage(TaskStorage):
     """In-process storage. See the module docstring for its guarantees and limits."""
 
     capabilities = StorageCapabilities(
-        durable=False, shared_between_processes=False, handler_registrations=True
+        durable=False,
+        shared_between_processes=False,
+        notifications=False,
+        transactions_across_records=True,
+        commit_ordered_cursors=True,
+        handler_registrations=True,
     )
 
     def __init__(self, url: str = "memory://") -> None:

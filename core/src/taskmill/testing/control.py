@@ -1,26 +1,21 @@
-"""Contract tests for control operations: cancellation, suspension, events (SPEC 5.6-5.11).
-
-Mixed into :class:`taskmill.testing.StorageContract`; a backend never uses it alone.
-"""
+"""Contract: control operations (SPEC 5.6, 5.11, 5.12): cancellation, cascades, stop
+requests and suspensions, within one store (across two: :mod:`.concurrency`)."""
 
 from __future__ import annotations
-
-import asyncio
-from datetime import timedelta
 
 import pytest
 
 from taskmill.model import (
     AttemptOutcome,
     CancelReason,
-    EventKind,
-    Progress,
     SuspensionScope,
     TaskFilter,
     TaskStatus,
 )
-from taskmill.storage import FinishKind, ProgressUpdate, TaskStorage
+from taskmill.storage import FinishKind, TaskStorage
 from taskmill.testing.helpers import claim, finish, lease_of, new_task
+
+__all__ = ["ControlContract"]
 
 
 async def _status(storage: TaskStorage, task_id: str) -> TaskStatus:
@@ -30,7 +25,7 @@ async def _status(storage: TaskStorage, task_id: str) -> TaskStatus:
 
 
 class ControlContract:
-    """Cancellation, suspension and the event log."""
+    """Cancellation and suspension."""
 
     # -- cancellation ---------------------------------------------------------------
 
@@ -220,88 +215,3 @@ class ControlContract:
         (child,) = await storage.enqueue([new_task("c", parent_id=alias.id)])
         await storage.cancel(task_ids=[leader.id, alias.id], reason=CancelReason.USER)
         assert await _status(storage, child.id) is TaskStatus.CANCELLED
-
-    # -- leases -----------------------------------------------------------------------
-
-    async def test_watch_leases_reads_without_extending(self, storage: TaskStorage) -> None:
-        await storage.enqueue([new_task()])
-        (task,) = await storage.claim_batch(claim(lease=30))
-        assert await storage.watch_leases([lease_of(task)]) == {task.id: None}
-        current = await storage.get(task.id)
-        assert current is not None
-        assert current.lease_expires_at == task.lease_expires_at
-
-    # -- events -----------------------------------------------------------------------
-
-    async def test_every_change_is_in_the_event_log_in_order(self, storage: TaskStorage) -> None:
-        _, start = await storage.read_events(None)
-        (task,) = await storage.enqueue([new_task()])
-        (running,) = await storage.claim_batch(claim())
-        await storage.save_progress(
-            [ProgressUpdate(lease=lease_of(running), progress=Progress(1, 2))]
-        )
-        await storage.finish_batch([finish(running, FinishKind.RETRY, error="x")])
-        (again,) = await storage.claim_batch(claim())
-        await storage.finish_batch([finish(again, result="ok")])
-        events, end = await storage.read_events(start)
-        mine = [e for e in events if e.task.id == task.id]
-        assert [e.kind for e in mine] == [
-            EventKind.ENQUEUED,
-            EventKind.STARTED,
-            EventKind.PROGRESS,
-            EventKind.RETRYING,
-            EventKind.STARTED,
-            EventKind.COMPLETED,
-        ]
-        assert [e.status for e in mine] == [
-            TaskStatus.PENDING,
-            TaskStatus.RUNNING,
-            TaskStatus.RUNNING,
-            TaskStatus.PENDING,
-            TaskStatus.RUNNING,
-            TaskStatus.COMPLETED,
-        ]
-        cursors = [e.cursor for e in events]
-        assert cursors == sorted(cursors) and len(set(cursors)) == len(cursors)
-        assert end == cursors[-1]
-        assert await storage.read_events(end) == ([], end)
-
-    async def test_the_event_log_reads_in_pages(self, storage: TaskStorage) -> None:
-        _, start = await storage.read_events(None)
-        await storage.enqueue([new_task() for _ in range(5)])
-        first, cursor = await storage.read_events(start, limit=3)
-        rest, end = await storage.read_events(cursor, limit=10)
-        assert len(first) == 3 and len(rest) == 2
-        assert end == rest[-1].cursor
-
-    async def test_cancellations_rescues_and_aliases_emit_events(
-        self, storage: TaskStorage
-    ) -> None:
-        _, start = await storage.read_events(None)
-        (leader,) = await storage.enqueue([new_task("t", dedupe_key="k")])
-        (alias,) = await storage.enqueue([new_task("t", dedupe_key="k")])
-        await storage.cancel(task_ids=[leader.id], reason=CancelReason.USER)
-        await storage.enqueue([new_task("r")])
-        await storage.claim_batch(claim("r", lease=0.05))
-
-        async def rescued() -> bool:
-            return bool(await storage.rescue_expired())
-
-        deadline = asyncio.get_running_loop().time() + 10
-        while not await rescued():
-            assert asyncio.get_running_loop().time() < deadline
-            await asyncio.sleep(0.02)
-        events, _ = await storage.read_events(start)
-        kinds = [(e.task.id, e.kind) for e in events]
-        assert (leader.id, EventKind.CANCELLED) in kinds
-        assert (alias.id, EventKind.CANCELLED) in kinds
-        assert EventKind.REQUEUED in [e.kind for e in events if e.task.task_type == "r"]
-
-    async def test_old_events_are_pruned(self, storage: TaskStorage) -> None:
-        _, start = await storage.read_events(None)
-        await storage.enqueue([new_task()])
-        assert await storage.prune_events(timedelta(hours=1)) == 0
-        await asyncio.sleep(0.02)
-        assert await storage.prune_events(timedelta(0)) >= 1
-        events, _ = await storage.read_events(start)
-        assert events == []

@@ -13,7 +13,7 @@ from taskmill.model import AttemptOutcome, Priority, Task
 from taskmill.serialization import dumps
 from taskmill.storage import ClaimRequest, Finish, FinishKind, HandlerKey, Lease, NewTask, utcnow
 
-__all__ = ["claim", "finish", "lease_of", "new_task", "wait_until"]
+__all__ = ["claim", "finish", "lease_of", "moment_after", "new_task", "wait_until"]
 
 T = TypeVar("T")
 
@@ -54,7 +54,7 @@ def lease_of(task: Task) -> Lease:
 
 
 async def wait_until(
-    probe: Callable[[], Awaitable[T]], *, timeout: float = 10.0, interval: float = 0.02
+    probe: Callable[[], Awaitable[T | None]], *, timeout: float = 10.0, interval: float = 0.02
 ) -> T:
     """Await ``probe`` until it returns something truthy; fail after ``timeout`` s."""
     deadline = time.monotonic() + timeout
@@ -67,6 +67,17 @@ async def wait_until(
         await asyncio.sleep(interval)
 
 
+async def moment_after(instant: datetime, *, timeout: float = 10.0) -> datetime:
+    """Wait until the clock has passed ``instant`` (it may not have moved since a store
+    stamped it); return the current time, strictly later than ``instant``."""
+
+    async def later() -> datetime | None:
+        now = utcnow()
+        return now if now > instant else None
+
+    return await wait_until(later, timeout=timeout, interval=0.001)
+
+
 def claim(
     *types: str | HandlerKey,
     worker: str = "w1",
@@ -75,6 +86,8 @@ def claim(
     min_priority: int | None = None,
     caps: dict[HandlerKey, int] | None = None,
 ) -> ClaimRequest:
+    """A ``ClaimRequest`` for handlers of ``types`` (task types of the host, or
+    ``(app_id, task_type)`` keys; default ``"job"``), each capped as ``caps`` says."""
     keys: dict[HandlerKey, int | None] = {}
     for t in types or ("job",):
         key: HandlerKey = (None, t) if isinstance(t, str) else t
@@ -98,6 +111,8 @@ def finish(
     outcome: AttemptOutcome | None = None,
     **extra: Any,
 ) -> Finish:
+    """The ``Finish`` of ``task``'s current attempt (fenced by its lease) of ``kind``,
+    with the outcome that kind usually logs unless ``outcome`` is given."""
     default_outcome = {
         FinishKind.COMPLETE: AttemptOutcome.COMPLETED,
         FinishKind.CANCEL: AttemptOutcome.CANCELLED,

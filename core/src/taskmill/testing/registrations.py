@@ -3,25 +3,19 @@
 
 from __future__ import annotations
 
-import asyncio
-
-import pytest
-
 from taskmill.storage import HandlerRegistration, TaskStorage
+from taskmill.testing.capabilities import requires
 
-
-def _require(storage: TaskStorage) -> None:
-    if not storage.capabilities.handler_registrations:
-        pytest.skip(f"{type(storage).__name__} does not keep handler registrations")
+__all__ = ["HandlerRegistrationContract"]
 
 
 class HandlerRegistrationContract:
     """What ``put/delete_handler_registration`` and ``handler_registrations`` do."""
 
+    @requires("handler_registrations")
     async def test_a_registration_is_stored_with_its_options_and_the_store_clock(
         self, storage: TaskStorage
     ) -> None:
-        _require(storage)
         assert await storage.handler_registrations() == []
         stored = await storage.put_handler_registration(
             HandlerRegistration(
@@ -43,10 +37,10 @@ class HandlerRegistrationContract:
             3,
         )
 
+    @requires("handler_registrations")
     async def test_putting_the_same_key_replaces_it_and_keys_are_app_scoped(
         self, storage: TaskStorage
     ) -> None:
-        _require(storage)
         await storage.put_handler_registration(HandlerRegistration("t", "http://a/1"))
         await storage.put_handler_registration(HandlerRegistration("t", "http://b/1", app_id="x"))
         await storage.put_handler_registration(HandlerRegistration("t", "http://a/2"))
@@ -58,23 +52,11 @@ class HandlerRegistrationContract:
             ("x", "t", "http://b/1"),
         ]
 
+    @requires("handler_registrations")
     async def test_delete_removes_exactly_one_key(self, storage: TaskStorage) -> None:
-        _require(storage)
         await storage.put_handler_registration(HandlerRegistration("t", "http://a"))
         await storage.put_handler_registration(HandlerRegistration("t", "http://b", app_id="x"))
         assert await storage.delete_handler_registration("x", "t") is True
         assert await storage.delete_handler_registration("x", "t") is False
         assert await storage.delete_handler_registration("y", "t") is False
         assert [r.app_id for r in await storage.handler_registrations()] == [None]
-
-    async def test_concurrent_puts_of_one_key_leave_one_of_them(self, storage: TaskStorage) -> None:
-        _require(storage)
-        urls = [f"http://host/{i}" for i in range(10)]
-        await asyncio.gather(
-            *(
-                storage.put_handler_registration(HandlerRegistration("t", url, app_id="a"))
-                for url in urls
-            )
-        )
-        (found,) = await storage.handler_registrations()
-        assert found.url in urls

@@ -1,227 +1,60 @@
-"""taskmill-demo: sample media-library handlers, and the workload ``taskmill demo`` runs.
+"""taskmill-demo: sample media-library handlers, and the ``taskmill demo`` command.
 
 A taskmill plugin. Installed, it registers its handlers under the app id ``media``
 (through ``taskmill_register_handlers``), so they run only tasks enqueued for that app
-and never take a host task type; and it gives ``taskmill demo`` its sample tasks
-(through ``taskmill_demo_workload``).
+and never take a host task type; and it adds ``taskmill demo`` to the command line
+(through ``taskmill_register_commands``), which enqueues a sample workload of those
+handlers' tasks and runs it with a live progress view.
 
-The handlers are small but honest examples of the handler API: ``async def`` handlers
-that report progress with ``await ctx.progress(done, total, message)`` and stop at
-``ctx.check_cancelled()``, a plain ``def`` handler that runs in a worker thread and
-calls ``ctx.progress(...)`` without ``await``, a handler that fails transiently and
-succeeds on a retry, and one that dead-letters a bad input with ``taskmill.Fail``.
+- :mod:`taskmill_demo.handlers`: the handlers, honest examples of the handler API.
+- :mod:`taskmill_demo.workload`: the tasks a run enqueues.
+- :mod:`taskmill_demo.command` and :mod:`taskmill_demo.view`: the command and what it
+  shows.
 """
 
 from __future__ import annotations
 
-import asyncio
-import random
-import time
-from typing import Any
+from taskmill import HandlerRegistrar, hookimpl
+from taskmill.plugins import CommandRegistrar
 
-from taskmill import Context, Fail, HandlerRegistrar, Priority, TaskSpec, hookimpl
+from taskmill_demo import handlers
+from taskmill_demo.command import add_demo
+from taskmill_demo.handlers import (
+    APP_ID,
+    BAD_RECORD_EMAIL,
+    FETCH,
+    FETCH_MAX_RETRIES,
+    OCR,
+    SCAN,
+    TASK_TYPES,
+    THUMBNAIL,
+    VALIDATE,
+)
+from taskmill_demo.workload import workload
 
-APP_ID = "media"
-"""The app id every demo handler and task has."""
-
-SCAN = "scan"
-THUMBNAIL = "thumbnail"
-OCR = "ocr"
-FETCH = "fetch"
-VALIDATE = "validate"
-
-TASK_TYPES: tuple[str, ...] = (SCAN, THUMBNAIL, OCR, FETCH, VALIDATE)
-"""Every task type the demo registers, in the order its summary lists them."""
-
-BAD_RECORD_EMAIL = "nobody@"
-"""The one input ``validate`` rejects with :class:`~taskmill.Fail`."""
-
-FETCH_MAX_RETRIES = 5
-
-
-async def scan_folder(ctx: Context, params: dict[str, Any]) -> dict[str, Any]:
-    """Walk a generated list of file names and count the ones that match a suffix."""
-    suffixes: list[str] = params["suffixes"]
-    files = [
-        f"{params['folder']}/file-{i:04d}{suffixes[i % len(suffixes)]}"
-        for i in range(int(params["files"]))
-    ]
-    matches = 0
-    for done, name in enumerate(files, start=1):
-        ctx.check_cancelled()
-        await asyncio.sleep(params["seconds_per_file"])
-        if name.endswith(params["match"]):
-            matches += 1
-        await ctx.progress(done, len(files), f"{matches} {params['match']} files so far")
-    return {"scanned": len(files), "matches": matches}
-
-
-async def make_thumbnail(ctx: Context, params: dict[str, Any]) -> dict[str, Any]:
-    """Resize an (imaginary) image in a few short steps."""
-    steps = int(params["steps"])
-    for step in range(1, steps + 1):
-        ctx.check_cancelled()
-        await asyncio.sleep(params["seconds_per_step"])
-        await ctx.progress(step, steps, f"{params['image']}: pass {step}/{steps}")
-    size = int(params["size"])
-    return {"thumbnail": f"{params['image']}@{size}x{size}.webp"}
-
-
-async def ocr_document(ctx: Context, params: dict[str, Any]) -> dict[str, Any]:
-    """Recognise text page by page; the longest-running demo task."""
-    pages = int(params["pages"])
-    words = 0
-    for page in range(1, pages + 1):
-        ctx.check_cancelled()
-        await ctx.progress(page - 1, pages, f"reading page {page} of {pages}")
-        await asyncio.sleep(params["seconds_per_page"])
-        words += 180 + (page * 37) % 90
-    await ctx.progress(pages, pages, f"{words} words on {pages} pages")
-    return {"document": params["document"], "pages": pages, "words": words}
-
-
-async def fetch_url(ctx: Context, params: dict[str, Any]) -> dict[str, Any]:
-    """Download a feed from a flaky (simulated) server.
-
-    The server drops the first ``flaky_attempts`` connections: those attempts raise
-    ``RuntimeError``, the worker retries them with exponential backoff, and a later
-    attempt succeeds (the handler allows ``FETCH_MAX_RETRIES`` retries).
-    """
-    await ctx.progress(0, 2, f"connecting to {params['url']}")
-    await asyncio.sleep(params["seconds"] / 2)
-    ctx.check_cancelled()
-    if ctx.task.attempts <= int(params["flaky_attempts"]):
-        raise RuntimeError(f"connection to {params['url']} reset by peer (simulated)")
-    await ctx.progress(1, 2, "downloading")
-    await asyncio.sleep(params["seconds"] / 2)
-    await ctx.progress(2, 2, "downloaded")
-    return {
-        "url": params["url"],
-        "bytes": 2048 + 512 * len(params["url"]),
-        "attempt": ctx.task.attempts,
-    }
-
-
-def validate_record(ctx: Context, params: dict[str, Any]) -> dict[str, Any]:
-    """Check a record field by field — a plain ``def`` handler, run in a worker thread.
-
-    Raises :class:`~taskmill.Fail` (no retry: the input will not get better) for a
-    record whose email has no domain, so the task ends FAILED in the dead-letter state.
-    """
-    record: dict[str, Any] = params["record"]
-    fields = sorted(record)
-    for checked, field in enumerate(fields, start=1):
-        ctx.check_cancelled()
-        time.sleep(params["seconds_per_field"])
-        if field == "email" and not str(record[field]).partition("@")[2]:
-            raise Fail(f"record {record['id']}: email {record[field]!r} has no domain")
-        ctx.progress(checked, len(fields), f"checked {field}")
-    return {"record": record["id"], "valid": True}
+__all__ = [
+    "APP_ID",
+    "BAD_RECORD_EMAIL",
+    "FETCH",
+    "FETCH_MAX_RETRIES",
+    "OCR",
+    "SCAN",
+    "TASK_TYPES",
+    "THUMBNAIL",
+    "VALIDATE",
+    "taskmill_register_commands",
+    "taskmill_register_handlers",
+    "workload",
+]
 
 
 @hookimpl
 def taskmill_register_handlers(registry: HandlerRegistrar) -> None:
     """Register the demo handlers under the ``media`` app."""
-    registry.register(SCAN, scan_folder, app_id=APP_ID, concurrency=2)
-    registry.register(THUMBNAIL, make_thumbnail, app_id=APP_ID)
-    registry.register(OCR, ocr_document, app_id=APP_ID, timeout=60)
-    registry.register(FETCH, fetch_url, app_id=APP_ID, max_retries=FETCH_MAX_RETRIES)
-    registry.register(VALIDATE, validate_record, app_id=APP_ID, max_retries=1)
+    handlers.register(registry)
 
 
 @hookimpl
-def taskmill_demo_workload(count: int, user_id: str, seed: int | None) -> list[TaskSpec]:
-    """The tasks ``taskmill demo`` enqueues: see :func:`workload`."""
-    return workload(count, user_id=user_id, seed=seed)
-
-
-# One round of the workload; longer workloads repeat it, shorter ones take its start,
-# so that even a handful of tasks covers every handler.
-_ROUND: tuple[str, ...] = (
-    THUMBNAIL,
-    FETCH,
-    VALIDATE,
-    OCR,
-    THUMBNAIL,
-    SCAN,
-    FETCH,
-    THUMBNAIL,
-    VALIDATE,
-    OCR,
-)
-
-
-def workload(count: int, *, user_id: str, seed: int | None = None) -> list[TaskSpec]:
-    """``count`` demo tasks of every type, for the ``media`` app, with mixed priorities,
-    stamped with ``user_id``.
-
-    The first ``validate`` task gets the bad record (it will fail without retry) and the
-    first ``fetch`` task hits the flaky server at least once (it will be
-    retried); everything else is randomised by ``seed``.
-    """
-    if count < 1:
-        raise ValueError(f"the demo needs at least one task, got {count}")
-    rng = random.Random(seed)
-    specs: list[TaskSpec] = []
-    seen: dict[str, int] = {}
-    for i in range(count):
-        task_type = _ROUND[i % len(_ROUND)]
-        nth = seen.get(task_type, 0)
-        seen[task_type] = nth + 1
-        params, priority = _task(task_type, nth, rng)
-        specs.append(
-            TaskSpec(
-                task_type=task_type,
-                params=params,
-                app_id=APP_ID,
-                priority=priority,
-                user_id=user_id,
-            )
-        )
-    return specs
-
-
-def _task(task_type: str, nth: int, rng: random.Random) -> tuple[dict[str, Any], int]:
-    """Params and priority of the ``nth`` task of ``task_type`` in a workload."""
-    if task_type == THUMBNAIL:
-        # Someone is looking at an upload page: most thumbnails are user actions.
-        priority = Priority.USER_ACTION if rng.random() < 0.7 else Priority.NORMAL
-        return {
-            "image": f"IMG_{4000 + nth:04d}.jpg",
-            "size": rng.choice([128, 256, 512]),
-            "steps": rng.randint(4, 8),
-            "seconds_per_step": round(rng.uniform(0.15, 0.3), 3),
-        }, priority
-    if task_type == FETCH:
-        flaky = 1 if nth == 0 else rng.choice([0, 0, 1, 2])
-        return {
-            "url": f"https://feeds.example.com/{rng.choice(['news', 'blog', 'jobs'])}/{nth}.xml",
-            "flaky_attempts": flaky,
-            "seconds": round(rng.uniform(0.5, 1.2), 3),
-        }, Priority.NORMAL
-    if task_type == VALIDATE:
-        email = BAD_RECORD_EMAIL if nth == 0 else f"user{nth}@example.com"
-        record = {
-            "id": 1000 + nth,
-            "name": f"User {nth}",
-            "email": email,
-            "country": rng.choice(["DE", "FR", "JP", "BR"]),
-            "age": rng.randint(18, 90),
-        }
-        return {"record": record, "seconds_per_field": 0.15}, Priority.NORMAL
-    if task_type == OCR:
-        priority = Priority.URGENT if nth == 0 else Priority.NORMAL
-        return {
-            "document": f"scan-{nth:03d}.pdf",
-            "pages": rng.randint(3, 7),
-            "seconds_per_page": round(rng.uniform(0.4, 0.7), 3),
-        }, priority
-    if task_type == SCAN:
-        return {
-            "folder": f"/archive/{2020 + nth}",
-            "files": rng.randint(60, 120),
-            "suffixes": [".jpg", ".png", ".txt"],
-            "match": ".jpg",
-            "seconds_per_file": 0.03,
-        }, Priority.BACKGROUND
-    raise ValueError(f"not a demo task type: {task_type!r}")
+def taskmill_register_commands(commands: CommandRegistrar) -> None:
+    """``taskmill demo``."""
+    add_demo(commands)

@@ -20,8 +20,9 @@ from typing import Any
 import uvicorn
 from taskmill.app import Taskmill
 from taskmill.errors import ConfigurationError
-from taskmill.plugins import CommandRegistrar
+from taskmill.plugins import CommandRegistrar, LoopFactory
 
+from taskmill_http.dashboard import SESSION_SECRET_ENV
 from taskmill_http.service import create_app
 from taskmill_http.tokens import TOKENS_ENV, Tokens
 
@@ -41,6 +42,17 @@ class _Server(uvicorn.Server):
                 self._captured_signals.clear()
 
 
+def _fast_loop_factory() -> LoopFactory | None:
+    """uvloop's event loop where it is installed (taskmill-http depends on it outside
+    Windows): it writes responses and reads requests at a fraction of asyncio's cost,
+    which is most of the service's time once creates are coalesced."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 def add_serve(commands: CommandRegistrar) -> None:
     """Add ``serve`` to the command line."""
     cmd = commands.add(
@@ -49,7 +61,10 @@ def add_serve(commands: CommandRegistrar) -> None:
         "Serve the task operations over HTTP for other processes (taskmill-http).",
         f"Requests authenticate with Authorization: Bearer TOKEN; --tokens (or "
         f"${TOKENS_ENV}) names the TOML file mapping each token to an app id, or to "
-        '"*" for an admin. See docs/service.md.',
+        '"*" for an admin. The dashboard is at /ui (sign in with a token; '
+        f"${SESSION_SECRET_ENV} signs its session cookies). See docs/service.md and "
+        "docs/dashboard.md.",
+        loop_factory=_fast_loop_factory(),
     )
     cmd.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     cmd.add_argument(
@@ -79,7 +94,7 @@ async def serve(args: argparse.Namespace, settings: Any) -> int:
     tm.load_plugins(enable=settings.enable_plugins, disable=settings.disable_plugins)
     async with tm:
         config = uvicorn.Config(
-            create_app(tm, tokens),
+            create_app(tm, tokens, session_secret=os.environ.get(SESSION_SECRET_ENV) or None),
             host=args.host,
             port=args.port,
             log_level="warning",
@@ -95,7 +110,7 @@ async def serve(args: argparse.Namespace, settings: Any) -> int:
             running = asyncio.create_task(worker.run())
         print(
             f"taskmill serve: http://{args.host}:{args.port} ({len(tokens)} tokens"
-            f"{', with a worker' if worker else ''})",
+            f"{', with a worker' if worker else ''}, on {_loop_name()})",
             file=sys.stderr,
             flush=True,
         )
@@ -106,3 +121,9 @@ async def serve(args: argparse.Namespace, settings: Any) -> int:
                 await worker.stop()
                 await running
     return 0
+
+
+def _loop_name() -> str:
+    """``uvloop`` or ``asyncio``: the event loop serving, as the startup line says."""
+    module = type(asyncio.get_running_loop()).__module__
+    return "uvloop" if module.startswith("uvloop") else "asyncio"

@@ -19,8 +19,8 @@ import attrs
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
+from starlette.responses import RedirectResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Mount, Route
 from taskmill.app import Taskmill
 from taskmill.backoff import RetryPolicy
 from taskmill.errors import TaskmillError
@@ -61,6 +61,7 @@ from taskmill_http.bodies import (
     TaskPage,
     TaskSpecBody,
 )
+from taskmill_http.coalescing import CreateCoalescer
 from taskmill_http.errors import ServiceError, status_of
 from taskmill_http.events import APP_ENTITY, EXTERNAL_JOB_UPDATE, EventHub, Position
 from taskmill_http.handler import parse_lease
@@ -115,6 +116,9 @@ class Service:
         self.handlers = stored_handlers(tm)
         """The handlers registered in the store, kept registered in ``tm``'s registry
         (so that enqueueing applies their options, and a worker of ``tm`` serves them)."""
+        self.creates = CreateCoalescer(max_batch=limits.max_items)
+        """Stores the single-task creates that arrive together with one call
+        (``POST /v1/tasks``: see :mod:`taskmill_http.coalescing`)."""
         self.endpoints: tuple[Endpoint, ...] = ()
         """What the app serves (its route table; the OpenAPI document describes it)."""
 
@@ -146,6 +150,7 @@ class Service:
 
     async def close(self) -> None:
         """Stop what the service runs in the background and end the event streams."""
+        await self.creates.close()
         await self.hub.close()
         if self._handlers_started:
             self._handlers_started = False
@@ -217,7 +222,9 @@ def _spec(caller: Caller, body: TaskSpecBody) -> TaskSpec:
     return TaskSpec(
         task_type=body.task_type,
         params=body.params,
-        app_id=body.app_id,
+        # Stamped here, as tm.for_app() would (an app token's body names none): the
+        # operations then take the spec as it is instead of copying it.
+        app_id=body.app_id if caller.is_admin else caller.app_id,
         priority=body.priority,
         dedupe_key=body.dedupe_key,
         run_at=body.run_at,
@@ -237,8 +244,8 @@ def _specs(call: Call) -> list[TaskSpec]:
 async def create_task(call: Call) -> Task:
     body = rq.body_as(call.body, TaskSpecBody)
     rq.refuse_app_id(call.caller.app_id, [body.app_id])
-    (task,) = await call.ops.enqueue_many([_spec(call.caller, body)])
-    return task
+    spec = _spec(call.caller, body)
+    return await call.service.creates.enqueue(call.ops, spec)
 
 
 async def create_tasks(call: Call) -> list[Task]:
@@ -485,18 +492,16 @@ async def report_progress(call: Call) -> Task:
     if stop is not None:
         # A suspension or shutdown: give the task back without spending the attempt.
         now = utcnow()
-        await storage.finish_batch(
-            [
-                Finish(
-                    lease=lease,
-                    kind=FinishKind.RELEASE,
-                    outcome=AttemptOutcome.INTERRUPTED,
-                    started_at=task.started_at or now,
-                    finished_at=now,
-                    error=f"cancelled ({stop.value})",
-                )
-            ]
+        release = Finish(
+            lease=lease,
+            kind=FinishKind.RELEASE,
+            outcome=AttemptOutcome.INTERRUPTED,
+            started_at=task.started_at or now,
+            finished_at=now,
+            error=f"cancelled ({stop.value})",
         )
+        (released,) = await storage.finish_batch([release])
+        await _reported(call, release, released)
         raise ServiceError(409, "cancelled", f"task {task.id} was asked to stop ({stop.value})")
     progress = None
     if body.done is not None:
@@ -548,7 +553,17 @@ async def report_status(call: Call) -> Task:
     (stored,) = await call.service.tm.storage.finish_batch([finish])
     if stored is None:
         raise await _lost(call, task.id)
+    await _reported(call, finish, stored)
     return stored
+
+
+async def _reported(call: Call, finish: Finish, stored: Task | None) -> None:
+    """The lifecycle hooks of a detached attempt's end, in this process, which stored
+    it (the worker that handed the attempt over called ``taskmill_task_detached``)."""
+    plugins = call.service.tm.plugins
+    if stored is None or not plugins.observes_finishes:
+        return
+    await plugins.attempt_finished(finish, stored)  # a failing hook is logged, no more
 
 
 _REPORTED = {
@@ -905,6 +920,8 @@ def create_app(
     tokens: Tokens | Mapping[str, str],
     *,
     limits: Limits | None = None,
+    dashboard: bool = True,
+    session_secret: str | None = None,
 ) -> Starlette:
     """The ASGI app of the service, for ``tm`` (an open ``Taskmill``, whose lifecycle
     stays the caller's) and ``tokens`` (a :class:`~taskmill_http.Tokens`, or a dict of
@@ -912,7 +929,12 @@ def create_app(
 
     Mount it in your own Starlette or FastAPI app, or serve it with uvicorn
     (``taskmill serve`` does). ``app.state.service`` is the :class:`Service` behind it.
+
+    With ``dashboard`` (the default) the dashboard is served at ``/ui`` (see
+    docs/dashboard.md); ``session_secret`` signs its session cookies (without one, a
+    random key: sessions last as long as the process).
     """
+    from taskmill_http.dashboard import create_dashboard
     from taskmill_http.openapi import openapi_endpoint
 
     if not isinstance(tokens, Tokens):
@@ -922,16 +944,26 @@ def create_app(
     endpoints = (*endpoints, openapi_endpoint(endpoints))
     service.endpoints = endpoints
 
+    routes: list[BaseRoute] = [_route(service, e) for e in endpoints]
+    ui = create_dashboard(service, session_secret=session_secret) if dashboard else None
+    if ui is not None:
+        routes.append(Route("/ui", lambda request: RedirectResponse("ui/", 308)))
+        routes.append(Mount("/ui", ui))
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await service.start()
+        if ui is not None:
+            await ui.state.dashboard.start()
         try:
             yield
         finally:
+            if ui is not None:
+                await ui.state.dashboard.close()
             await service.close()
 
     app = Starlette(
-        routes=[_route(service, e) for e in endpoints],
+        routes=routes,
         exception_handlers={HTTPException: _http_error},
         lifespan=lifespan,
     )

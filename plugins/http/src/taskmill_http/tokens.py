@@ -92,12 +92,30 @@ class Tokens:
 
     def caller(self, token: str) -> Caller | None:
         """The caller ``token`` identifies, or None for an unknown token."""
-        presented = _digest(token)
+        return self._lookup(_digest(token))
+
+    def _lookup(self, presented: bytes) -> Caller | None:
+        # Every digest is compared, so the time taken says nothing of which matched.
         found: Caller | None = None
         for digest, caller in self._callers.items():
             if hmac.compare_digest(digest, presented):
                 found = caller
         return found
+
+    def fingerprint(self, token: str) -> str | None:
+        """What a dashboard session keeps instead of ``token``: a digest that names the
+        token without revealing it, or None for an unknown token."""
+        if self.caller(token) is None:
+            return None
+        return _digest(token).hex()
+
+    def caller_by_fingerprint(self, fingerprint: str) -> Caller | None:
+        """The caller of the token whose :meth:`fingerprint` this is, or None (an
+        unknown or malformed fingerprint: the token was removed, or never existed)."""
+        try:
+            return self._lookup(bytes.fromhex(fingerprint))
+        except ValueError:
+            return None
 
     def __len__(self) -> int:
         return len(self._callers)

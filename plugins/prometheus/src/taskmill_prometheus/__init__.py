@@ -30,6 +30,7 @@ itself.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import threading
@@ -149,6 +150,8 @@ class PrometheusExporter:
         self._server: tuple[WSGIServer, threading.Thread] | None = None
         self._refreshers: dict[int, asyncio.Task[None]] = {}
         self._series: dict[tuple[str | None, str], _Series] = {}
+        self._started: collections.Counter[str] = collections.Counter()
+        """The ids of the tasks whose handlers run in this process."""
 
     def _of(self, task: Task) -> _Series:
         series = self._series.get((task.app_id, task.task_type))
@@ -168,6 +171,7 @@ class PrometheusExporter:
     def taskmill_task_started(self, task: Task) -> None:
         """One more handler running."""
         self._of(task).running.inc()
+        self._started[task.id] += 1
 
     @hookimpl
     def taskmill_task_finished(
@@ -175,9 +179,24 @@ class PrometheusExporter:
     ) -> None:
         """Count the attempt by outcome and record its duration."""
         series = self._of(task)
-        series.running.dec()
+        self._stopped_running(task, series)
         series.attempt(outcome).inc()
         series.duration.observe(elapsed_ms / 1000.0)
+
+    @hookimpl
+    def taskmill_task_detached(self, task: Task) -> None:
+        """The handler handed its attempt over: one handler fewer running here (the
+        outcome is counted where the new owner reports it)."""
+        self._stopped_running(task, self._of(task))
+
+    def _stopped_running(self, task: Task, series: _Series) -> None:
+        # Only an attempt started in this process ran here: the outcome of a detached
+        # one is reported in the process that stored it (the taskmill-http service).
+        if self._started[task.id] > 0:
+            self._started[task.id] -= 1
+            if not self._started[task.id]:
+                del self._started[task.id]
+            series.running.dec()
 
     @hookimpl
     def taskmill_task_retried(self, task: Task) -> None:

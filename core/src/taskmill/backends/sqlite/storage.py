@@ -85,6 +85,8 @@ class SQLiteStorage(SQLiteDatabase, TaskStorage):
         durable=True,
         shared_between_processes=True,
         notifications=False,
+        transactions_across_records=True,
+        commit_ordered_cursors=True,
         handler_registrations=True,
     )
 

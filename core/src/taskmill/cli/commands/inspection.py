@@ -1,0 +1,161 @@
+"""The commands that describe the installation and the store without changing them:
+``plugins``, ``stats`` and ``config``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import attrs
+from rich.text import Text
+
+from taskmill.app import Taskmill
+from taskmill.cli.arguments import AddCommand, add_handler_options
+from taskmill.cli.messages import EXIT_OK
+from taskmill.cli.rendering import (
+    broken_table,
+    console,
+    plugin_document,
+    plugin_table,
+    print_json,
+    redacted,
+    settings_table,
+    summary_table,
+)
+from taskmill.cli.session import load_plugins, open_taskmill, origin
+from taskmill.cli.unserved import report_unserved
+from taskmill.discovery import DEFAULT_URL
+from taskmill.model import TaskFilter
+from taskmill.plugins import ENTRY_POINT_GROUP
+from taskmill.serialization import to_dict
+from taskmill.settings import ENV_VARS, Settings, find_config_file
+
+
+def add_commands(add: AddCommand) -> None:
+    """Add ``plugins``, ``stats`` and ``config``."""
+    cmd = add(
+        "plugins",
+        plugins,
+        "List the installed plugins: distribution, version, hooks and the handlers each "
+        "registered; then the plugins that are disabled or failed to load.",
+    )
+    cmd.add_argument("--json", action="store_true", help="print the list as JSON")
+
+    cmd = add("stats", stats, "Count tasks by status.")
+    cmd.add_argument(
+        "--type",
+        dest="task_types",
+        action="extend",
+        nargs="+",
+        metavar="T",
+        help="one row per task type given",
+    )
+    cmd.add_argument("--app-id", default=None, help="only this app's tasks")
+    cmd.add_argument("--user-id", default=None, help="only tasks this user asked for")
+    cmd.add_argument("--json", action="store_true", help="print the counts as JSON")
+    add_handler_options(cmd, purpose="to count pending tasks no handler serves")
+
+    cmd = add(
+        "config",
+        config,
+        "Print the effective settings and where each came from (command line, "
+        "environment variable, configuration file or default).",
+    )
+    cmd.add_argument("--json", action="store_true", help="print the settings as JSON")
+
+
+async def plugins(args: argparse.Namespace, settings: Settings) -> int:
+    """List the loaded plugins, then those disabled, left out or broken."""
+    # The plugins do not depend on the storage: list them without touching it.
+    tm = Taskmill("memory://")
+    load_plugins(tm, settings, strict=False)
+    loaded = list(tm.plugins)
+    listed = tm.plugins
+    if args.json:
+        print_json(
+            {
+                "plugins": [plugin_document(p) for p in loaded],
+                "disabled": list(listed.disabled),
+                "not_enabled": list(listed.not_enabled),
+                "broken": [attrs.asdict(b) for b in listed.broken],
+                "unmatched": list(listed.unmatched),
+            }
+        )
+        return EXIT_OK
+    out = console()
+    if loaded:
+        out.print(plugin_table(loaded))
+    elif not listed.broken:
+        out.print(f"no plugins loaded (entry-point group {ENTRY_POINT_GROUP})")
+    if listed.broken:
+        out.print(broken_table(listed.broken))
+    if listed.disabled:
+        out.print(
+            f"disabled by {origin(settings, 'disable_plugins')}: {', '.join(listed.disabled)}"
+        )
+    if listed.not_enabled:
+        out.print(
+            f"not enabled by {origin(settings, 'enable_plugins')}: {', '.join(listed.not_enabled)}"
+        )
+    return EXIT_OK
+
+
+async def stats(args: argparse.Namespace, settings: Settings) -> int:
+    """Count tasks by status: one row per ``--type``, and a total."""
+    base = TaskFilter(app_id=args.app_id, user_id=args.user_id)
+    scopes: list[tuple[str, TaskFilter]] = [
+        (task_type, attrs.evolve(base, task_types=(task_type,)))
+        for task_type in dict.fromkeys(args.task_types or ())
+    ]
+    if len(scopes) != 1:
+        scopes.append(
+            ("all" if not scopes else "total", attrs.evolve(base, task_types=args.task_types))
+        )
+    async with open_taskmill(
+        settings, "stats", reads=True, handlers=True, strict_plugins=False
+    ) as tm:
+        summaries = [(name, await tm.progress_summary(scope)) for name, scope in scopes]
+        if args.json:
+            print_json({name: dict(to_dict(s), pct=s.pct) for name, s in summaries})
+        else:
+            console().print(summary_table(summaries))
+        sys.stdout.flush()
+        await report_unserved(
+            tm,
+            list(tm.registry),
+            attrs.evolve(base, task_types=args.task_types),
+            "loaded here",
+        )
+    return EXIT_OK
+
+
+async def config(args: argparse.Namespace, settings: Settings) -> int:
+    """Print every setting, its value and where it came from."""
+    path, how = find_config_file(args.config)
+    rows = [
+        (name, DEFAULT_URL if name == "url" and value is None else value, source)
+        for name, value, source in settings.as_rows()
+    ]
+    rows = [
+        (name, redacted(value) if name == "url" else value, source) for name, value, source in rows
+    ]
+    if args.json:
+        print_json(
+            {
+                "config_file": None if path is None else str(path),
+                "config_file_found": how,
+                "settings": {
+                    name: {
+                        "value": list(value) if isinstance(value, tuple) else value,
+                        "source": source,
+                        "env": ENV_VARS.get(name),
+                    }
+                    for name, value, source in rows
+                },
+            }
+        )
+        return EXIT_OK
+    out = console()
+    out.print(Text(f"configuration file: {path or 'none'} ({how})"))
+    out.print(settings_table(rows))
+    return EXIT_OK

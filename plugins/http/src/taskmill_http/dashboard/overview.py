@@ -1,0 +1,201 @@
+"""The dashboard's overview: counts per status, app and task type, suspensions, and
+the throughput of the last minutes.
+
+The store counts (one summary per app and per task type, each computed by the store);
+which apps and types there are comes from the handlers this process knows, the handlers
+registered in the store, the suspensions and the newest tasks. Throughput is counted
+from the store's event log by a :class:`ThroughputMeter` that the service runs from its
+startup: it sees the tasks every process finishes, from the moment it started watching.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import attrs
+from taskmill.app import Taskmill
+from taskmill.model import (
+    EventKind,
+    ProgressSummary,
+    SuspensionScope,
+    TaskEvent,
+    TaskFilter,
+    TaskStatus,
+)
+from taskmill.operations import TaskOperations
+
+from taskmill_http.tokens import Caller
+
+log = logging.getLogger("taskmill.http.dashboard")
+
+RECENT_TASKS = 500
+"""How many of the newest tasks the overview reads to find the apps and types in use."""
+THROUGHPUT_MINUTES = 10
+"""Minutes of throughput the overview shows."""
+
+_FINISHED = (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED)
+
+
+@attrs.frozen
+class Count:
+    """The counts of one row of the overview: an app, or a task type (across the apps
+    the caller sees)."""
+
+    app_id: str | None
+    task_type: str | None
+    summary: ProgressSummary
+
+
+@attrs.frozen
+class Minute:
+    """Tasks that finished during one minute, by outcome."""
+
+    started: float
+    """The minute's start (Unix seconds)."""
+    completed: int
+    failed: int
+    cancelled: int
+
+    @property
+    def total(self) -> int:
+        """Every task that finished that minute."""
+        return self.completed + self.failed + self.cancelled
+
+
+@attrs.frozen
+class Overview:
+    """Everything the overview page shows."""
+
+    totals: ProgressSummary
+    apps: list[Count]
+    types: list[Count]
+    suspensions: list[SuspensionScope]
+    throughput: list[Minute]
+    watching_since: float | None
+    """When the throughput meter started (Unix seconds), or None."""
+
+
+class ThroughputMeter:
+    """Counts finished tasks per minute and app from the store's event log (every
+    process's), for the last :data:`THROUGHPUT_MINUTES` minutes. :meth:`start` starts
+    it; :meth:`close` stops it."""
+
+    def __init__(self, tm: Taskmill) -> None:
+        self.tm = tm
+        self.started_at: float | None = None
+        self._counts: collections.OrderedDict[tuple[int, str | None], collections.Counter[str]]
+        self._counts = collections.OrderedDict()
+        self._reader: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Start watching the event log (once)."""
+        if self._reader is not None:
+            return
+        try:
+            events = await self.tm.subscribe(TaskFilter(statuses=_FINISHED), poll_interval=0.5)
+        except Exception:  # the dashboard works without throughput figures
+            log.exception("the throughput meter cannot read the event log")
+            return
+        self.started_at = time.time()
+        self._reader = asyncio.create_task(self._count(events), name="taskmill-ui-throughput")
+
+    async def close(self) -> None:
+        """Stop watching."""
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+    async def _count(self, events: AsyncIterator[TaskEvent]) -> None:
+        finished = {EventKind.COMPLETED, EventKind.FAILED, EventKind.CANCELLED}
+        try:
+            async for event in events:
+                if event.kind not in finished:
+                    continue
+                minute = int(event.at.timestamp() // 60)
+                key = (minute, event.task.app_id)
+                self._counts.setdefault(key, collections.Counter())[event.status.value] += 1
+                horizon = minute - THROUGHPUT_MINUTES
+                while self._counts and next(iter(self._counts))[0] < horizon:
+                    self._counts.popitem(last=False)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("the throughput meter stopped reading the event log")
+
+    def minutes(self, caller: Caller) -> list[Minute]:
+        """The last minutes, oldest first, counting only what ``caller`` may see."""
+        now = int(time.time() // 60)
+        rows = []
+        for minute in range(now - THROUGHPUT_MINUTES + 1, now + 1):
+            counter: collections.Counter[str] = collections.Counter()
+            for (at, app_id), found in self._counts.items():
+                if at == minute and (caller.app_id is None or app_id == caller.app_id):
+                    counter.update(found)
+            rows.append(
+                Minute(
+                    started=minute * 60.0,
+                    completed=counter["completed"],
+                    failed=counter["failed"],
+                    cancelled=counter["cancelled"],
+                )
+            )
+        return rows
+
+
+async def _in_use(
+    tm: Taskmill, ops: TaskOperations, caller: Caller, suspensions: list[SuspensionScope]
+) -> tuple[set[str], set[str]]:
+    """The apps and the task types the caller's overview has rows for."""
+    apps: set[str] = set()
+    types: set[str] = set()
+    for handler in tm.registry:
+        app_id, task_type = handler.key
+        # A host handler (app None) serves every app's tasks of its type.
+        if caller.app_id is None or app_id in (None, caller.app_id):
+            types.add(task_type)
+            if app_id is not None:
+                apps.add(app_id)
+    for scope in suspensions:
+        if scope.task_type is not None:
+            types.add(scope.task_type)
+        if scope.app_id is not None:
+            apps.add(scope.app_id)
+    for task in await ops.query(None, limit=RECENT_TASKS, newest_first=True):
+        types.add(task.task_type)
+        if task.app_id is not None:
+            apps.add(task.app_id)
+    return apps, types
+
+
+async def overview(
+    tm: Taskmill, ops: TaskOperations, caller: Caller, meter: ThroughputMeter
+) -> Overview:
+    """The overview as ``caller`` (through ``ops``, its scoped operations) may see it."""
+    suspensions = await ops.suspensions()
+    apps_in_use, types_in_use = await _in_use(tm, ops, caller, suspensions)
+    totals = await ops.progress_summary()
+    apps: list[Count] = []
+    if caller.app_id is None:
+        for app_id in sorted(apps_in_use):
+            found = await ops.progress_summary(TaskFilter(app_id=app_id))
+            apps.append(Count(app_id, None, found))
+    types: list[Count] = []
+    for task_type in sorted(types_in_use):
+        found = await ops.progress_summary(TaskFilter(task_types=(task_type,)))
+        if found.total:
+            types.append(Count(None, task_type, found))
+    return Overview(
+        totals=totals,
+        apps=apps,
+        types=types,
+        suspensions=suspensions,
+        throughput=meter.minutes(caller),
+        watching_since=meter.started_at,
+    )
