@@ -7,7 +7,9 @@ A test that restarts or kills a server it did not start is marked
 
 PostgreSQL tests use ``$TASKMILL_TEST_POSTGRES_URL`` (default
 ``postgresql://taskmill:taskmill@127.0.0.1:5432/taskmill``); each test gets a fresh
-schema of its own, dropped afterwards. A server that cannot be reached skips those tests,
+schema of its own, dropped afterwards. MySQL tests use ``$TASKMILL_TEST_MYSQL_URL``
+(default ``mysql://taskmill:taskmill@127.0.0.1:3306/taskmill``); each test gets a fresh
+database of its own (the URL's database replaced), dropped afterwards. A server that cannot be reached skips those tests,
 unless ``$TASKMILL_REQUIRE_BACKENDS`` (a comma-separated list, set by ``.ci/run``) names
 the backend: then they fail.
 """
@@ -31,10 +33,15 @@ T = TypeVar("T")
 # A test past its timeout fails with a stack dump and the run goes on (tests/timeouts.py).
 pytest_plugins = ["tests.timeouts"]
 
-API_BACKENDS = ["memory", "sqlite", "postgres"]
+API_BACKENDS = ["memory", "sqlite", "postgres", "mysql"]
 
 POSTGRES_URL = os.environ.get(
     "TASKMILL_TEST_POSTGRES_URL", "postgresql://taskmill:taskmill@127.0.0.1:5432/taskmill"
+)
+
+
+MYSQL_URL = os.environ.get(
+    "TASKMILL_TEST_MYSQL_URL", "mysql://taskmill:taskmill@127.0.0.1:3306/taskmill"
 )
 
 
@@ -146,6 +153,69 @@ def postgres_url(postgres_schema: str) -> str:
     return with_query(POSTGRES_URL, schema=postgres_schema)
 
 
+async def _mysql_execute(sql: str, url: str = MYSQL_URL) -> None:
+    import aiomysql
+    from taskmill_mysql.options import parse_url
+
+    p = parse_url(url, {})
+    conn = await aiomysql.connect(
+        host=p.host, port=p.port, user=p.user, password=p.password, connect_timeout=5
+    )
+    try:
+        async with conn.cursor() as cursor:
+            await cursor.execute(sql)
+    finally:
+        conn.close()
+
+
+@cache
+def mysql_unreachable() -> str | None:
+    """Why the MySQL test server cannot be used, or None when it can (checked once)."""
+    try:
+        import aiomysql  # noqa: F401
+    except ImportError:
+        return "taskmill-mysql's driver aiomysql is not installed"
+    try:
+        run_sync(_mysql_execute("SELECT 1"))
+    except Exception as exc:
+        return f"MySQL at {MYSQL_URL.split('@')[-1]} is unreachable: {exc}"
+    return None
+
+
+def require_mysql() -> str:
+    """The MySQL test server's URL; skips (or fails, when required) if unreachable."""
+    reason = mysql_unreachable()
+    if reason is not None:
+        skip_or_fail("mysql", reason)
+    return MYSQL_URL
+
+
+def mysql_url_for(database: str) -> str:
+    """The test server's URL with ``database`` in place of its database."""
+    base, _, query = MYSQL_URL.partition("?")
+    root = base.rsplit("/", 1)[0] if base.count("/") > 2 else base
+    return f"{root}/{database}" + (f"?{query}" if query else "")
+
+
+def drop_database(name: str) -> None:
+    run_sync(_mysql_execute(f"DROP DATABASE IF EXISTS `{name}`"))
+
+
+@pytest.fixture
+def mysql_database() -> Iterator[str]:
+    """The name of a fresh MySQL database (not created yet), dropped afterwards."""
+    require_mysql()
+    name = new_schema_name()
+    yield name
+    drop_database(name)
+
+
+@pytest.fixture
+def mysql_url(mysql_database: str) -> str:
+    """A URL of the MySQL test server for a database of this test alone."""
+    return mysql_url_for(mysql_database)
+
+
 def url_for(backend: str, tmp_path: Path) -> str:
     """A fresh, empty store of ``backend`` (for postgres, see ``backend_url``)."""
     if backend == "memory":
@@ -157,6 +227,12 @@ def url_for(backend: str, tmp_path: Path) -> str:
 
 @pytest.fixture(params=API_BACKENDS)
 def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "mysql":
+        require_mysql()
+        database = new_schema_name()
+        yield mysql_url_for(database)
+        drop_database(database)
+        return
     if request.param != "postgres":
         yield url_for(request.param, tmp_path)
         return
@@ -173,12 +249,15 @@ async def tm(backend_url: str) -> AsyncIterator[Taskmill]:
         yield taskmill
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", "postgres", "mysql"])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh store shared across processes: a SQLite file, or a PostgreSQL schema of
-    this test alone (the tests that need real processes or servers run on both)."""
+    """A fresh store shared across processes: a SQLite file, or a PostgreSQL schema or
+    MySQL database of this test alone (the tests that need real processes or servers
+    run on each)."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'tasks.db'}"
+    if request.param == "mysql":
+        return str(request.getfixturevalue("mysql_url"))
     return str(request.getfixturevalue("postgres_url"))
 
 

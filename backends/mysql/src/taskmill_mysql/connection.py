@@ -1,0 +1,266 @@
+"""Connections to the server: the pool, the session settings every connection gets,
+the transaction runner that retries deadlocks, and how driver errors become taskmill's.
+
+Every connection runs with ``time_zone = '+00:00'`` (so ``NOW(6)`` and ``DATETIME``
+values are UTC), ``READ COMMITTED`` (a claim's ``SKIP LOCKED`` scan takes no gap locks
+that would make claimers deadlock each other) and the ``lock_wait_timeout`` option as
+``innodb_lock_wait_timeout``. A deadlock (1213) or lock wait timeout (1205) rolled the
+transaction back: it is run again, a bounded number of times, from the start. A lost
+connection closes that connection (the pool opens a new one on the next call) and is
+reported as :class:`~taskmill.errors.StorageUnavailable`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final, TypeVar
+
+import aiomysql
+import pymysql
+from taskmill.errors import StorageUnavailable
+
+from taskmill_mysql.options import ParsedURL, redact
+
+__all__ = ["RETRIED", "Database", "Session", "is_unavailable"]
+
+T = TypeVar("T")
+
+RETRIED: Final = frozenset({1213, 1205})
+"""Server errors after which the transaction was rolled back and may simply run again:
+ER_LOCK_DEADLOCK and ER_LOCK_WAIT_TIMEOUT."""
+DUPLICATE_KEY: Final = 1062
+ACCESS_DENIED: Final = frozenset({1044, 1045, 1698})
+NO_SUCH_TABLE: Final = 1146
+_ATTEMPTS: Final = 8
+
+
+def error_code(exc: BaseException) -> int | None:
+    """The server's error number of a driver error, if it has one."""
+    if isinstance(exc, pymysql.err.MySQLError) and exc.args and isinstance(exc.args[0], int):
+        return exc.args[0]
+    return None
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` means the server cannot be reached or used right now (a refused
+    or lost connection, a timeout, refused credentials)."""
+    if isinstance(exc, (OSError, TimeoutError, pymysql.err.InterfaceError)):
+        return True
+    if isinstance(exc, pymysql.err.OperationalError):
+        return error_code(exc) not in RETRIED
+    return False
+
+
+class Session:
+    """One connection inside one operation: statements and their rows."""
+
+    __slots__ = ("conn", "cursor")
+
+    def __init__(self, conn: aiomysql.Connection, cursor: aiomysql.Cursor) -> None:
+        self.conn = conn
+        self.cursor = cursor
+
+    async def execute(self, sql: str, args: Sequence[Any] | None = None) -> int:
+        """Run one statement; the number of rows it changed (or selected)."""
+        return int(await self.cursor.execute(sql, args))
+
+    async def fetchall(self, sql: str, args: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+        """Run one query; its rows."""
+        await self.cursor.execute(sql, args)
+        return list(await self.cursor.fetchall())
+
+    async def fetchone(self, sql: str, args: Sequence[Any] | None = None) -> tuple[Any, ...] | None:
+        """Run one query; its first row, or None."""
+        await self.cursor.execute(sql, args)
+        row = await self.cursor.fetchone()
+        return None if row is None else tuple(row)
+
+    async def executemany(self, sql: str, args: Sequence[Sequence[Any]]) -> None:
+        """Run one ``INSERT ... VALUES`` for many rows (aiomysql sends it as one
+        multi-row statement)."""
+        if args:
+            await self.cursor.executemany(sql, args)
+
+
+def _password_hint(parsed: ParsedURL) -> str:
+    if parsed.password:
+        return (
+            f"the server refused user {parsed.user} with the password in the URL: check the "
+            "user name, the password (mysql://user:password@host/db) and that the user may "
+            f"connect from this host ('{parsed.user}'@'<this host>')"
+        )
+    return (
+        f"the URL has no password for user {parsed.user}: give one as "
+        "mysql://user:password@host/db, and check that the user may connect from this host"
+    )
+
+
+class Database:
+    """The server behind one URL: a pool of connections with taskmill's session
+    settings, opened by :meth:`start` and closed by :meth:`stop`."""
+
+    def __init__(self, parsed: ParsedURL, url: str) -> None:
+        self.parsed = parsed
+        self.url = url
+        self.mariadb = True
+        self._pool: aiomysql.Pool | None = None
+
+    @property
+    def where(self) -> str:
+        """Where the storage points, for messages: never the password."""
+        return f"MySQL at {self.parsed.where}"
+
+    def unavailable(self, exc: BaseException, doing: str = "use") -> StorageUnavailable:
+        """``exc`` as the error a caller sees (never showing the password)."""
+        detail = str(exc).strip() or type(exc).__name__
+        if self.parsed.password:
+            detail = detail.replace(self.parsed.password, "***")
+        if error_code(exc) in ACCESS_DENIED:
+            detail += f"; {_password_hint(self.parsed)}"
+        return StorageUnavailable(f"cannot {doing} {self.where}: {detail}")
+
+    def _init_command(self) -> str:
+        isolation = "tx_isolation" if self.mariadb else "transaction_isolation"
+        return (
+            f"SET time_zone = '+00:00', {isolation} = 'READ-COMMITTED', sql_notes = 0, "
+            f"innodb_lock_wait_timeout = {self.parsed.options.lock_wait_timeout}"
+        )
+
+    async def connect(self) -> aiomysql.Connection:
+        """A new connection outside the pool (migrations, inspection), with the session
+        settings; the caller closes it.
+
+        :raises StorageUnavailable: the server cannot be reached or refused the login.
+        """
+        p = self.parsed
+        try:
+            conn = await aiomysql.connect(
+                host=p.host,
+                port=p.port,
+                user=p.user,
+                password=p.password,
+                connect_timeout=p.options.connect_timeout,
+                charset=p.options.charset,
+                autocommit=True,
+            )
+        except (pymysql.err.MySQLError, OSError, TimeoutError) as exc:
+            raise self.unavailable(exc, "connect to") from exc
+        try:
+            async with conn.cursor() as cursor:
+                await cursor.execute("SELECT VERSION()")
+                (version,) = await cursor.fetchone()
+                self.mariadb = "mariadb" in str(version).lower()
+                await cursor.execute(self._init_command())
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    async def start(self) -> None:
+        """Open the pool (its connections get the session settings).
+
+        :raises StorageUnavailable: the server cannot be reached.
+        """
+        p = self.parsed
+        try:
+            self._pool = await aiomysql.create_pool(
+                minsize=p.options.pool_min_size,
+                maxsize=p.options.pool_max_size,
+                host=p.host,
+                port=p.port,
+                user=p.user,
+                password=p.password,
+                connect_timeout=p.options.connect_timeout,
+                charset=p.options.charset,
+                autocommit=True,
+                db=p.database,
+                init_command=self._init_command(),
+                pool_recycle=3600,
+            )
+        except (pymysql.err.MySQLError, OSError, TimeoutError) as exc:
+            raise self.unavailable(exc, "connect to") from exc
+
+    async def stop(self) -> None:
+        """Close the pool. Safe to call twice."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        pool.close()
+        try:
+            async with asyncio.timeout(10):
+                await pool.wait_closed()
+        except (TimeoutError, pymysql.err.MySQLError, OSError):
+            pool.terminate()
+
+    @property
+    def started(self) -> bool:
+        return self._pool is not None
+
+    async def run(
+        self,
+        fn: Callable[[Session], Awaitable[T]],
+        *,
+        transaction: bool = True,
+        retry_on: frozenset[int] = RETRIED,
+    ) -> T:
+        """Run ``fn`` on a pooled connection, inside one transaction unless told
+        otherwise; run it again from the start after an error in ``retry_on`` (the
+        server rolled it back), at most 8 times with a growing random pause.
+
+        :raises StorageUnavailable: the storage is not open, the server cannot be
+            reached, or the transaction kept failing.
+        """
+        pool = self._pool
+        if pool is None:
+            raise StorageUnavailable(
+                f"the MySQL storage {redact(self.url)} is not open; await storage.open() first"
+            )
+        for attempt in range(_ATTEMPTS):
+            try:
+                return await self._once(pool, fn, transaction)
+            except pymysql.err.MySQLError as exc:
+                code = error_code(exc)
+                if code in retry_on and attempt < _ATTEMPTS - 1:
+                    await asyncio.sleep(random.uniform(0.001, 0.01) * 2**attempt)
+                    continue
+                if code in retry_on or is_unavailable(exc):
+                    raise self.unavailable(exc) from exc
+                if code == NO_SUCH_TABLE:
+                    raise StorageUnavailable(
+                        f"the taskmill database of {self.where} is missing a table ({exc}); "
+                        f"create it with: taskmill migrate --url {redact(self.url)}"
+                    ) from exc
+                raise
+            except (OSError, TimeoutError) as exc:
+                raise self.unavailable(exc) from exc
+        raise AssertionError("unreachable")
+
+    async def _once(
+        self, pool: aiomysql.Pool, fn: Callable[[Session], Awaitable[T]], transaction: bool
+    ) -> T:
+        conn = await pool.acquire()
+        try:
+            async with conn.cursor() as cursor:
+                session = Session(conn, cursor)
+                if not transaction:
+                    return await fn(session)
+                await conn.begin()
+                try:
+                    result = await fn(session)
+                    await conn.commit()
+                except BaseException:
+                    # A connection that cannot roll back is closed (the pool drops it).
+                    try:
+                        await conn.rollback()
+                    except BaseException:
+                        conn.close()
+                    raise
+                return result
+        except BaseException as exc:
+            if is_unavailable(exc) or isinstance(exc, asyncio.CancelledError):
+                conn.close()
+            raise
+        finally:
+            pool.release(conn)

@@ -1,0 +1,745 @@
+"""The domain operations of the MySQL backend, as async functions of a
+:class:`~taskmill_mysql.connection.Session`.
+
+Each write runs inside one short ``READ COMMITTED`` transaction (see
+:meth:`~taskmill_mysql.connection.Database.run`), reads run on their own. The
+transitions are the lifecycle kernel's (:mod:`taskmill.lifecycle`): statements come
+from :mod:`taskmill_mysql.statements`, and every event kind, attempt outcome and rescue
+or redrive decision is read from the kernel. Without ``RETURNING``, an operation locks
+its rows first (``FOR UPDATE``; ``SKIP LOCKED`` for claims and rescues), updates them by
+``seq`` and reads them back in the same transaction. The store clock is the server's
+(``NOW(6)``, read once per operation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from taskmill.errors import TaskNotFound
+from taskmill.lifecycle import (
+    CANCELLATION,
+    DEFAULT_CANCEL_REASON,
+    FINISHES,
+    REDRIVE_EVENT,
+    RESCUE_ERROR,
+    RESCUES,
+    TERMINAL_EVENTS,
+    Transition,
+    cancel_error,
+    cancel_targets,
+    check_redrive,
+    enqueued,
+    finish_kind,
+    key_taken,
+    rescue_case,
+)
+from taskmill.model import (
+    Attempt,
+    AttemptOutcome,
+    CancelReason,
+    EventKind,
+    ProgressSummary,
+    SuspensionScope,
+    Task,
+    TaskEvent,
+    TaskFilter,
+    TaskStatus,
+)
+from taskmill.serialization import dumps
+from taskmill.sql.rows import REASON, STATUS, leads_aliases
+from taskmill.storage import (
+    ClaimRequest,
+    Finish,
+    FinishKind,
+    HandlerKey,
+    HandlerRegistration,
+    Lease,
+    NewTask,
+    ProgressUpdate,
+)
+
+from taskmill_mysql import statements as sql
+from taskmill_mysql.connection import Session
+from taskmill_mysql.rows import (
+    CANCEL_REASON,
+    ERROR,
+    EVENT_COLUMNS,
+    ID,
+    RESULT,
+    SEQ,
+    STATUS_COL,
+    TASK_COLUMNS,
+    Row,
+    as_datetime,
+    as_stored,
+    attempt,
+    claimed,
+    event,
+    task,
+)
+
+_TERMINAL_EVENT: Final = {s.value: e.value for s, e in TERMINAL_EVENTS.items()}
+_ENQUEUED: Final = EventKind.ENQUEUED.value
+_STARTED: Final = EventKind.STARTED.value
+_CANCEL_REQUESTED: Final = EventKind.CANCEL_REQUESTED.value
+_CANCELLED_EVENT: Final = CANCELLATION.event.value
+assert CANCELLATION.outcome is not None
+_CANCELLED_OUTCOME: Final = CANCELLATION.outcome.value
+_PROGRESS: Final = EventKind.PROGRESS.value
+_COMPLETED: Final = AttemptOutcome.COMPLETED.value
+_APPLIED: Final = {
+    kind: (t.event.value, None if t.outcome is None else t.outcome.value)
+    for kind, t in FINISHES.items()
+}
+"""Per finish kind: its event, and the outcome it logs (None: the worker's)."""
+
+Event = tuple[int, str, str, str, datetime]
+"""An event to append: (task seq, task id, kind, status, at)."""
+
+
+def _chunks(items: Sequence[Any], size: int = sql.CHUNK) -> list[Sequence[Any]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+async def now(s: Session) -> datetime:
+    """The store clock (naive UTC, as stored)."""
+    row = await s.fetchone(sql.NOW)
+    assert row is not None
+    value: datetime = row[0]
+    return value
+
+
+async def append_events(s: Session, events: list[Event]) -> None:
+    """Append ``events`` in order, drawing their seqs from the locked ``event_cursor``
+    row: the last statements of a transaction, so that the row lock is held only from
+    here to the commit and seqs follow commit order."""
+    if not events:
+        return
+    row = await s.fetchone(sql.EVENT_CURSOR_LOCK)
+    assert row is not None
+    first = int(row[0]) + 1
+    for start in range(0, len(events), sql.CHUNK):
+        chunk = events[start : start + sql.CHUNK]
+        args: list[Any] = []
+        for n, (task_seq, task_id, kind, status, at) in enumerate(chunk, first + start):
+            args += (n, task_seq, task_id, kind, status, at)
+        await s.execute(sql.INSERT_EVENTS + ", ".join([sql.EVENT_ROW] * len(chunk)), args)
+    await s.execute(sql.EVENT_CURSOR_SET, (first + len(events) - 1,))
+
+
+async def _by_seq(s: Session, seqs: Sequence[int]) -> list[Row]:
+    rows: list[Row] = []
+    for chunk in _chunks(seqs):
+        rows += await s.fetchall(sql.select_by_seq(len(chunk)), chunk)
+    return rows
+
+
+async def _settle_aliases(s: Session, leader: Row, at: datetime, events: list[Event]) -> list[Row]:
+    """Give a terminal leader's PENDING aliases its status, result, error and cancel
+    reason; append their events (the leader's terminal kind).
+
+    :returns: the aliases' new rows, in creation order.
+    """
+    locked = await s.fetchall(sql.LOCK_ALIASES, (leader[ID],))
+    if not locked:
+        return []
+    status = leader[STATUS_COL]
+    await s.execute(
+        sql.SETTLE_ALIASES,
+        (status, leader[RESULT], leader[ERROR], leader[CANCEL_REASON], at, at, leader[ID]),
+    )
+    rows = await _by_seq(s, [r[0] for r in locked])
+    kind = _TERMINAL_EVENT[status]
+    events += [(r[SEQ], r[ID], kind, status, at) for r in rows]
+    return rows
+
+
+# -- writing tasks -----------------------------------------------------------------------
+
+
+async def enqueue(s: Session, tasks: Sequence[NewTask]) -> list[Task]:
+    at = await now(s)
+    at_dt = as_datetime(at)
+    leaders: dict[tuple[str | None, str, str], str] = {}
+    values: list[list[Any]] = []
+    stored: list[Task] = []
+    for new in tasks:
+        alias_of: str | None = None
+        key = new.dedupe_key
+        if key is not None:
+            scope = (new.app_id, new.task_type, key)
+            alias_of = leaders.get(scope)
+            if alias_of is None:
+                found = await s.fetchone(sql.FIND_LEADER, (new.app_id, new.task_type, key))
+                if found is None:
+                    leaders[scope] = new.id
+                else:
+                    alias_of = leaders[scope] = found[0]
+        run_at = at if new.run_at is None else as_stored(new.run_at)
+        values.append(
+            [
+                new.id, new.task_type, at, run_at, at, new.app_id, new.params_json,
+                int(new.priority), new.max_retries, key, alias_of, new.parent_id, new.user_id,
+            ]
+        )  # fmt: skip
+        stored.append(enqueued(new, now=at_dt, run_at=as_datetime(run_at), alias_of=alias_of))
+    seq_of: dict[str, int] = {}
+    for chunk in _chunks(values):
+        args = [v for row in chunk for v in row]
+        await s.execute(sql.INSERT_PREFIX + ", ".join([sql.INSERT_ROW] * len(chunk)), args)
+        ids = [row[0] for row in chunk]
+        seq_of.update(await s.fetchall(sql.select_seqs_by_id(len(ids)), ids))
+    await append_events(
+        s, [(seq_of[t.id], t.id, _ENQUEUED, "pending", at) for t in stored]
+    )
+    return stored
+
+
+def _claim_branches(
+    request: ClaimRequest, suspended: Sequence[SuspensionScope]
+) -> list[tuple[str, list[Any]]]:
+    """One locking SELECT per handler key that may claim (see
+    :func:`~taskmill_mysql.statements.claim_select`): a key whose whole scope is
+    suspended is left out, apps suspended one by one (and apps with a key of their own)
+    are excluded from a host key."""
+    limit = request.limit
+    own_keys: dict[str, list[str]] = {}
+    for app_id, task_type in request.handlers:
+        if app_id is not None:
+            own_keys.setdefault(task_type, []).append(app_id)
+    min_priority = request.min_priority
+    branches: list[tuple[str, list[Any]]] = []
+    for (app_id, task_type), cap in request.handlers.items():
+        take = limit if cap is None else min(cap, limit)
+        if take <= 0:
+            continue
+        if any(scope.covers(app_id, task_type) for scope in suspended):
+            continue
+        args: list[Any] = [task_type]
+        if app_id is not None:
+            text = sql.claim_select(True, 0, min_priority is not None)
+            args.append(app_id)
+        else:
+            apps = dict.fromkeys(own_keys.get(task_type, ()))
+            for scope in suspended:
+                if scope.app_id is not None and scope.task_type in (None, task_type):
+                    apps[scope.app_id] = None
+            text = sql.claim_select(False, len(apps), min_priority is not None)
+            args += apps
+        args.append(None)  # now, filled in by claim()
+        if min_priority is not None:
+            args.append(int(min_priority))
+        args.append(take)
+        branches.append((text, args))
+    return branches
+
+
+async def claim(s: Session, request: ClaimRequest) -> list[Task]:
+    await s.execute(sql.CLAIM_GATE_SHARED)
+    at = await now(s)
+    scopes = await s.fetchall(sql.SUSPENSIONS)
+    suspended = [SuspensionScope(task_type=t, app_id=a) for t, a in scopes]
+    picked: list[tuple[int, int]] = []
+    for text, args in _claim_branches(request, suspended):
+        args[args.index(None, 1)] = at
+        picked += [(int(p), int(q)) for q, p in await s.fetchall(text, args)]
+    if not picked:
+        return []
+    picked.sort(key=lambda r: (-r[0], r[1]))
+    seqs = [q for _, q in picked[: request.limit]]
+    lease = at + timedelta(seconds=request.lease_seconds)
+    await s.execute(
+        sql.CLAIM_UPDATE.format(sql.marks(len(seqs))),
+        [request.worker_id, at, at, lease, *seqs],
+    )
+    rows = await _by_seq(s, seqs)
+    snapshots = claimed(rows)  # also puts rows in claim order
+    await append_events(s, [(r[SEQ], r[ID], _STARTED, "running", at) for r in rows])
+    return snapshots
+
+
+async def _lock_running(s: Session, ids: Sequence[str]) -> dict[str, Row]:
+    """The RUNNING rows among ``ids`` (seq, id, worker_id, attempts, cancel_reason),
+    locked, by id."""
+    found: dict[str, Row] = {}
+    for chunk in _chunks(list(dict.fromkeys(ids))):
+        for row in await s.fetchall(sql.LOCK_RUNNING.format(sql.marks(len(chunk))), chunk):
+            found[row[1]] = row
+    return found
+
+
+def _held(row: Row | None, lease: Lease) -> bool:
+    return row is not None and row[2] == lease.worker_id and row[3] == lease.attempt
+
+
+def _finish_args(finish: Finish, seq: int, at: datetime) -> dict[str, Any]:
+    progress = finish.progress
+    reason = None
+    if finish.kind is FinishKind.CANCEL:
+        reason = (finish.cancel_reason or DEFAULT_CANCEL_REASON).value
+    return {
+        "seq": seq,
+        "now": at,
+        "later": at + timedelta(seconds=finish.retry_in or 0),
+        "result": finish.result_json,
+        "error": finish.error,
+        "reason": reason,
+        "data": None if finish.data is None else dumps(finish.data),
+        "has_progress": progress is not None,
+        "done": None if progress is None else progress.done,
+        "total": None if progress is None else progress.total,
+        "message": None if progress is None else progress.message,
+    }
+
+
+async def finish(s: Session, finishes: Sequence[Finish]) -> list[Task | None]:
+    at = await now(s)
+    results: list[Task | None] = [None] * len(finishes)
+    log: list[Row] = []
+    events: list[Event] = []
+    # Rounds of finishes with distinct task ids, so that a task named twice in one call
+    # is finished in call order (the second finds its lease gone, as if sequential).
+    rounds: list[list[int]] = []
+    seen: dict[str, int] = {}
+    for index, one in enumerate(finishes):
+        n = seen.get(one.lease.task_id, 0)
+        seen[one.lease.task_id] = n + 1
+        if n == len(rounds):
+            rounds.append([])
+        rounds[n].append(index)
+    for indexes in rounds:
+        locked = await _lock_running(s, [finishes[i].lease.task_id for i in indexes])
+        applied: dict[int, tuple[int, FinishKind]] = {}
+        for index in indexes:
+            one = finishes[index]
+            row = locked.get(one.lease.task_id)
+            if row is None or not _held(row, one.lease):
+                continue
+            kind = finish_kind(one.kind, stop_requested=row[4] is not None)
+            await s.execute(sql.FINISH[kind], _finish_args(one, row[0], at))
+            applied[index] = (row[0], kind)
+        rows = {r[SEQ]: r for r in await _by_seq(s, [q for q, _ in applied.values()])}
+        for index in indexes:
+            if index not in applied:
+                continue
+            seq, kind = applied[index]
+            row = rows[seq]
+            one = finishes[index]
+            kind_event, outcome = _APPLIED[kind]
+            outcome = outcome or one.outcome.value
+            events.append((seq, row[ID], kind_event, row[STATUS_COL], at))
+            if leads_aliases(row):
+                await _settle_aliases(s, row, at, events)
+            lease = one.lease
+            log.append(
+                (
+                    seq, lease.task_id, lease.attempt, lease.worker_id,
+                    as_stored(one.started_at), as_stored(one.finished_at), outcome,
+                    None if outcome == _COMPLETED else one.error,
+                )
+            )  # fmt: skip
+            results[index] = task(row)
+    await s.executemany(sql.INSERT_ATTEMPT, log)
+    await append_events(s, events)
+    return results
+
+
+async def renew(s: Session, args: tuple[Sequence[Lease], float]) -> dict[str, CancelReason | None]:
+    leases, lease_seconds = args
+    at = await now(s)
+    locked = await _lock_running(s, [x.task_id for x in leases])
+    held: dict[str, CancelReason | None] = {}
+    seqs: list[int] = []
+    for lease in leases:
+        row = locked.get(lease.task_id)
+        if _held(row, lease) and lease.task_id not in held:
+            assert row is not None
+            held[lease.task_id] = None if row[4] is None else REASON[row[4]]
+            seqs.append(row[0])
+    until = at + timedelta(seconds=lease_seconds)
+    for chunk in _chunks(seqs):
+        await s.execute(sql.RENEW.format(sql.marks(len(chunk))), [until, *chunk])
+    return held
+
+
+async def save_progress(s: Session, updates: Sequence[ProgressUpdate]) -> set[str]:
+    at = await now(s)
+    locked = await _lock_running(s, [u.lease.task_id for u in updates])
+    written: set[str] = set()
+    events: list[Event] = []
+    for update in updates:
+        row = locked.get(update.lease.task_id)
+        if not _held(row, update.lease):
+            continue
+        assert row is not None
+        args: list[Any] = [at]
+        progress = update.progress
+        if progress is not None:
+            args += (progress.done, progress.total, progress.message)
+        if update.data is not None:
+            args.append(dumps(update.data))
+        args.append(row[0])
+        text = sql.PROGRESS_SQL[progress is not None, update.data is not None]
+        await s.execute(text, args)
+        written.add(update.lease.task_id)
+        events.append((row[0], update.lease.task_id, _PROGRESS, "running", at))
+    await append_events(s, events)
+    return written
+
+
+def _outcome(transition: Transition) -> str:
+    assert transition.outcome is not None  # every rescue logs its own outcome
+    return transition.outcome.value
+
+
+async def rescue(s: Session, limit: int) -> list[Task]:
+    at = await now(s)
+    expired = await s.fetchall(sql.RESCUE_SELECT, (at, limit))
+    if not expired:
+        return []
+    transitions: dict[int, Transition] = {}
+    for seq, _, _, attempts, max_retries, _, reason in expired:
+        case = rescue_case(None if reason is None else REASON[reason], attempts, max_retries)
+        transitions[seq] = RESCUES[case]
+        await s.execute(sql.RESCUE[case], {"now": at, "seq": seq})
+    rows = {r[SEQ]: r for r in await _by_seq(s, list(transitions))}
+    rescued: list[Task] = []
+    log: list[Row] = []
+    events: list[Event] = []
+    for seq, task_id, worker_id, attempts, _, started_at, _ in expired:
+        row = rows[seq]
+        transition = transitions[seq]
+        events.append((seq, task_id, transition.event.value, row[STATUS_COL], at))
+        if leads_aliases(row):
+            await _settle_aliases(s, row, at, events)
+        log.append(
+            (
+                seq, task_id, attempts, worker_id or "", at if started_at is None else started_at,
+                at, _outcome(transition), RESCUE_ERROR,
+            )
+        )  # fmt: skip
+        rescued.append(task(row))
+    await s.executemany(sql.INSERT_ATTEMPT, log)
+    await append_events(s, events)
+    return rescued
+
+
+async def redrive(s: Session, task_id: str) -> Task:
+    found = await s.fetchone(sql.REDRIVE_SELECT, (task_id,))
+    if found is None:
+        raise TaskNotFound(f"no task {task_id}")
+    seq, status, alias_of, app_id, task_type, dedupe_key = found
+    check_redrive(task_id, STATUS[status], alias_of)
+    if dedupe_key is not None:
+        leader = await s.fetchone(sql.FIND_LEADER, (app_id, task_type, dedupe_key))
+        if leader is not None:
+            raise key_taken(task_id, leader[0], dedupe_key)
+    at = await now(s)
+    await s.execute(sql.REDRIVE, (at, at, seq))
+    (row,) = await _by_seq(s, [seq])
+    await append_events(s, [(seq, task_id, REDRIVE_EVENT.value, "pending", at)])
+    return task(row)
+
+
+# -- reading -------------------------------------------------------------------------------
+
+
+async def get(s: Session, task_id: str) -> Task | None:
+    row = await s.fetchone(sql.SELECT_TASK, (task_id,))
+    return None if row is None else task(row)
+
+
+async def query(s: Session, args: tuple[TaskFilter, int, int, bool]) -> list[Task]:
+    filter, limit, offset, newest_first = args
+    selected = sql.filter_sql(filter)
+    order = "DESC" if newest_first else "ASC"
+    text = (
+        f"SELECT {TASK_COLUMNS} FROM tasks{selected.where} ORDER BY seq {order} LIMIT %s OFFSET %s"
+    )
+    return [task(r) for r in await s.fetchall(text, [*selected.args, limit, offset])]
+
+
+async def summary(s: Session, filter: TaskFilter) -> ProgressSummary:
+    selected = sql.filter_sql(filter)
+    rows = await s.fetchall(
+        f"SELECT status, COUNT(*) FROM tasks{selected.where} GROUP BY status", selected.args
+    )
+    return ProgressSummary.from_counts({status: int(n) for status, n in rows})
+
+
+async def attempts(s: Session, task_id: str) -> list[Attempt]:
+    return [attempt(task_id, r) for r in await s.fetchall(sql.ATTEMPTS, (task_id, task_id))]
+
+
+async def next_run_at(s: Session, handlers: Sequence[HandlerKey]) -> datetime | None:
+    best: datetime | None = None
+    host_types = {t for a, t in handlers if a is None}
+    for app_id, task_type in set(handlers):
+        if app_id is None:
+            row = await s.fetchone(sql.NEXT_RUN.format(app=""), (task_type,))
+        elif task_type in host_types:
+            continue  # the host key already covers every app's tasks of this type
+        else:
+            row = await s.fetchone(sql.NEXT_RUN.format(app=" AND app_id = %s"), (task_type, app_id))
+        value = None if row is None else row[0]
+        if value is not None and (best is None or value < best):
+            best = value
+    return None if best is None else as_datetime(best)
+
+
+# -- retention -----------------------------------------------------------------------------
+
+
+async def cleanup(s: Session, args: tuple[timedelta, frozenset[TaskStatus]]) -> int:
+    older_than, statuses = args
+    cutoff = await now(s) - older_than
+    where = f"finished_at < %s AND status IN ({sql.marks(len(statuses))})"
+    params = [cutoff, *(x.value for x in statuses)]
+    await s.execute(
+        "DELETE a FROM attempts AS a JOIN tasks AS t ON t.seq = a.task_seq "
+        f"WHERE t.{where.replace(' AND status', ' AND t.status')}",
+        params,
+    )
+    return await s.execute(f"DELETE FROM tasks WHERE {where}", params)
+
+
+# -- control -------------------------------------------------------------------------------
+
+
+async def _cancel_targets(
+    s: Session, task_ids: Sequence[str] | None, filter: TaskFilter | None, cascade: bool
+) -> list[str]:
+    """The ids a cancel applies to, in the reference store's order: those named, the
+    active tasks ``filter`` selects (in creation order), then breadth first their
+    descendants (each task's children in creation order)."""
+    selected: dict[str, None] = dict.fromkeys(task_ids or ())
+    if filter is not None:
+        chosen = sql.filter_sql(filter)
+        where = f"{chosen.where} AND {sql.ACTIVE}" if chosen.clauses else f" WHERE {sql.ACTIVE}"
+        found = await s.fetchall(f"SELECT id FROM tasks{where} ORDER BY seq", chosen.args)
+        selected.update((row[0], None) for row in found)
+
+    async def children_of(level: list[str]) -> list[tuple[str, str]]:
+        pairs: list[tuple[str, str]] = []
+        for chunk in _chunks(level):
+            text = (
+                f"SELECT id, parent_id FROM tasks WHERE parent_id IN ({sql.marks(len(chunk))}) "
+                "ORDER BY seq"
+            )
+            pairs += [(r[0], r[1]) for r in await s.fetchall(text, chunk)]
+        return pairs
+
+    return await cancel_targets(selected, children_of if cascade else None)
+
+
+async def _lock_active(s: Session, ids: Sequence[str], *, running_only: bool) -> list[Row]:
+    """(seq, id, status, worker_id, attempts, started_at, alias_of, cancel_reason) of the
+    active (or RUNNING) tasks among ``ids``, locked, in seq order."""
+    state = "status = 'running'" if running_only else sql.ACTIVE
+    rows: list[Row] = []
+    for chunk in _chunks(ids):
+        rows += await s.fetchall(
+            "SELECT seq, id, status, worker_id, attempts, started_at, alias_of, cancel_reason "
+            f"FROM tasks WHERE id IN ({sql.marks(len(chunk))}) AND {state} ORDER BY seq FOR UPDATE",
+            chunk,
+        )
+    rows.sort(key=lambda r: r[0])
+    return rows
+
+
+async def cancel(
+    s: Session, args: tuple[Sequence[str] | None, TaskFilter | None, CancelReason, bool]
+) -> list[Task]:
+    task_ids, filter, reason, cascade = args
+    targets = await _cancel_targets(s, task_ids, filter, cascade)
+    at = await now(s)
+    events: list[Event] = []
+    if not reason.terminal:
+        # SUSPENDED, SHUTDOWN: only a running task without a request yet is asked to stop.
+        asked = [r for r in await _lock_active(s, targets, running_only=True) if r[7] is None]
+        seqs = [r[0] for r in asked]
+        for chunk in _chunks(seqs):
+            await s.execute(
+                "UPDATE tasks SET cancel_reason = %s, updated_at = %s "
+                f"WHERE seq IN ({sql.marks(len(chunk))})",
+                [reason.value, at, *chunk],
+            )
+        by_id = {r[ID]: r for r in await _by_seq(s, seqs)}
+        changed = [by_id[i] for i in targets if i in by_id]
+        events += [(r[SEQ], r[ID], _CANCEL_REQUESTED, "running", at) for r in changed]
+        await append_events(s, events)
+        return [task(r) for r in changed]
+
+    # A terminal reason: every selected active task ends CANCELLED, processed as if one
+    # by one in `targets` order.
+    position = {task_id: n for n, task_id in enumerate(targets)}
+    active = await _lock_active(s, targets, running_only=False)
+    # An alias whose (active) leader comes before it is cancelled *by* that leader,
+    # taking its result and error as aliases always do; otherwise it is cancelled alone.
+    first = {r[1]: position[r[1]] for r in active}
+    direct = [r[0] for r in active if first.get(r[6], len(targets)) > position[r[1]]]
+    for chunk in _chunks(direct):
+        await s.execute(
+            f"UPDATE tasks SET {sql.CANCELLATION_SET}, updated_at = %(now)s, "
+            f"{sql.LEASE_CLEARED} WHERE seq IN ({', '.join(f'%(s{i})s' for i in range(len(chunk)))})",
+            {"now": at, "reason": reason.value, **{f"s{i}": q for i, q in enumerate(chunk)}},
+        )
+    rows = {r[ID]: r for r in await _by_seq(s, direct)}
+    changed: list[Row] = []
+    done: set[str] = set()
+    for task_id in targets:
+        row = rows.get(task_id)
+        if row is None or task_id in done:
+            continue
+        done.add(task_id)
+        changed.append(row)
+        events.append((row[SEQ], task_id, _CANCELLED_EVENT, "cancelled", at))
+        if leads_aliases(row):
+            for alias in await _settle_aliases(s, row, at, events):
+                done.add(alias[ID])
+                changed.append(alias)
+    error = cancel_error(reason)
+    log = [
+        (
+            seq, task_id, attempts_, worker_id or "", at if started_at is None else started_at,
+            at, _CANCELLED_OUTCOME, error,
+        )
+        for seq, task_id, status, worker_id, attempts_, started_at, _, _ in active
+        if status == "running"
+    ]  # fmt: skip
+    await s.executemany(sql.INSERT_ATTEMPT, log)
+    await append_events(s, events)
+    return [task(r) for r in changed]
+
+
+async def watch(s: Session, leases: Sequence[Lease]) -> dict[str, CancelReason | None]:
+    found: dict[str, Row] = {}
+    for chunk in _chunks([x.task_id for x in leases]):
+        text = (
+            "SELECT id, id, worker_id, attempts, cancel_reason FROM tasks "
+            f"WHERE id IN ({sql.marks(len(chunk))}) AND status = 'running'"
+        )
+        for row in await s.fetchall(text, chunk):
+            found[row[0]] = row
+    held: dict[str, CancelReason | None] = {}
+    for lease in leases:
+        row = found.get(lease.task_id)
+        if row is not None and _held(row, lease):
+            held[lease.task_id] = None if row[4] is None else REASON[row[4]]
+    return held
+
+
+async def suspend(s: Session, scope: SuspensionScope) -> int:
+    await s.execute(sql.CLAIM_GATE_EXCLUSIVE)
+    at = await now(s)
+    await s.execute(sql.SUSPEND, (scope.task_type, scope.app_id, at))
+    where = "status = 'running' AND cancel_reason IS NULL"
+    params: list[Any] = []
+    if scope.task_type is not None:
+        where += " AND task_type = %s"
+        params.append(scope.task_type)
+    if scope.app_id is not None:
+        where += " AND app_id = %s"
+        params.append(scope.app_id)
+    asked = await s.fetchall(f"SELECT seq, id FROM tasks WHERE {where} ORDER BY seq FOR UPDATE", params)
+    for chunk in _chunks([r[0] for r in asked]):
+        await s.execute(
+            "UPDATE tasks SET cancel_reason = 'suspended', updated_at = %s "
+            f"WHERE seq IN ({sql.marks(len(chunk))})",
+            [at, *chunk],
+        )
+    await append_events(s, [(seq, i, _CANCEL_REQUESTED, "running", at) for seq, i in asked])
+    return len(asked)
+
+
+async def resume(s: Session, scope: SuspensionScope) -> bool:
+    return await s.execute(sql.RESUME, (scope.task_type, scope.app_id)) > 0
+
+
+async def suspensions(s: Session, _: None) -> list[SuspensionScope]:
+    scopes = [SuspensionScope(task_type=t, app_id=a) for t, a in await s.fetchall(sql.SUSPENSIONS)]
+    scopes.sort(key=lambda x: (x.task_type or "", x.app_id or ""))
+    return scopes
+
+
+async def read_events(s: Session, args: tuple[int | None, int]) -> tuple[list[TaskEvent], int]:
+    after, limit = args
+    if after is None:
+        last = await s.fetchone(sql.EVENT_CURSOR)
+        return [], 0 if last is None else int(last[0])
+    if limit <= 0:
+        return [], after
+    rows = await s.fetchall(sql.READ_EVENTS, (after, limit))
+    if not rows:
+        return [], after
+    snapshots: dict[str, Task] = {}
+    events: list[TaskEvent] = []
+    start = EVENT_COLUMNS
+    for row in rows:
+        task_id = row[start + ID]
+        if task_id is None:
+            continue  # the task was deleted since (cleanup): skipped, cursor moves on
+        snapshot = snapshots.get(task_id)
+        if snapshot is None:
+            snapshot = snapshots[task_id] = task(row[start:])
+        events.append(event(row, snapshot))
+    return events, int(rows[-1][0])
+
+
+async def prune_events(s: Session, older_than: timedelta) -> int:
+    cutoff = await now(s) - older_than
+    # Seqs are drawn under the cursor lock, so `at` only grows with seq: the events to
+    # delete are the prefix of the log before the first young one.
+    first_young = await s.fetchone(sql.FIRST_YOUNG_EVENT, (cutoff,))
+    if first_young is None:
+        return await s.execute("DELETE FROM events WHERE at < %s", (cutoff,))
+    return await s.execute("DELETE FROM events WHERE seq < %s", (first_young[0],))
+
+
+# -- handler registrations -------------------------------------------------------------------
+
+_REGISTRATION_COLUMNS: Final = "app_id, task_type, url, timeout, max_retries, concurrency, updated_at"
+
+
+async def put_registration(s: Session, r: HandlerRegistration) -> HandlerRegistration:
+    at = await now(s)
+    await s.execute(
+        f"INSERT INTO handler_registrations ({_REGISTRATION_COLUMNS}) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s) ON DUPLICATE KEY UPDATE url = VALUES(url), "
+        "timeout = VALUES(timeout), max_retries = VALUES(max_retries), "
+        "concurrency = VALUES(concurrency), updated_at = VALUES(updated_at)",
+        (r.app_id, r.task_type, r.url, r.timeout, r.max_retries, r.concurrency, at),
+    )
+    return _registration((r.app_id, r.task_type, r.url, r.timeout, r.max_retries, r.concurrency, at))
+
+
+async def delete_registration(s: Session, key: tuple[str | None, str]) -> bool:
+    return (
+        await s.execute(
+            "DELETE FROM handler_registrations WHERE app_id <=> %s AND task_type = %s", key
+        )
+        > 0
+    )
+
+
+async def registrations(s: Session, _: None) -> list[HandlerRegistration]:
+    rows = await s.fetchall(
+        f"SELECT {_REGISTRATION_COLUMNS} FROM handler_registrations "
+        "ORDER BY app_id IS NOT NULL, app_id, task_type"
+    )
+    return [_registration(r) for r in rows]
+
+
+def _registration(row: Row) -> HandlerRegistration:
+    app_id, task_type, url, timeout, max_retries, concurrency, updated_at = row
+    return HandlerRegistration(
+        app_id=app_id,
+        task_type=task_type,
+        url=url,
+        timeout=timeout,
+        max_retries=max_retries,
+        concurrency=concurrency,
+        updated_at=as_datetime(updated_at),
+    )

@@ -1,0 +1,92 @@
+"""Values and snapshots of the MySQL backend: timestamps at the edge, and model objects
+from the rows it reads (:func:`task`, :func:`attempt`, :func:`event`).
+
+Timestamps are ``DATETIME(6)`` in UTC. aiomysql returns them as naive datetimes and
+formats a datetime argument without its time zone, so every value crosses the edge
+through :func:`as_datetime` (stored → tz-aware) or :func:`as_stored` (any tz-aware
+datetime → naive UTC). Rows are mapped by column name once (:mod:`taskmill.sql.rows`).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from taskmill.model import Task, TaskEvent
+from taskmill.sql.rows import (
+    KIND,
+    STATUS,
+    TASK_COLUMN_NAMES,
+    TaskColumn,
+    attempt_reader,
+    task_reader,
+)
+from taskmill.sql.rows import claim_order as _claim_order
+
+__all__ = [
+    "ALIAS_OF",
+    "CANCEL_REASON",
+    "EVENT_COLUMNS",
+    "ID",
+    "SEQ",
+    "STATUS",
+    "STATUS_COL",
+    "TASK_COLUMNS",
+    "Row",
+    "as_datetime",
+    "as_stored",
+    "attempt",
+    "claimed",
+    "event",
+    "task",
+]
+
+Row = tuple[Any, ...]
+"""A row as aiomysql's default cursor returns it."""
+
+TASK_COLUMNS: Final = ", ".join(TASK_COLUMN_NAMES)
+SEQ: Final = TaskColumn.SEQ
+ID: Final = TaskColumn.ID
+STATUS_COL: Final = TaskColumn.STATUS
+RESULT: Final = TaskColumn.RESULT
+ERROR: Final = TaskColumn.ERROR
+DEDUPE_KEY: Final = TaskColumn.DEDUPE_KEY
+ALIAS_OF: Final = TaskColumn.ALIAS_OF
+CANCEL_REASON: Final = TaskColumn.CANCEL_REASON
+
+
+def as_datetime(value: datetime) -> datetime:
+    """A stored (naive, UTC) timestamp as a tz-aware datetime."""
+    return value.replace(tzinfo=UTC)
+
+
+def as_stored(value: datetime) -> datetime:
+    """A tz-aware datetime as the naive UTC value a ``DATETIME(6)`` column holds."""
+    return value.astimezone(UTC).replace(tzinfo=None)
+
+
+task: Final = task_reader(TASK_COLUMN_NAMES, timestamp=as_datetime)
+"""The snapshot of one row selected as :data:`TASK_COLUMNS`."""
+
+attempt: Final = attempt_reader(timestamp=as_datetime)
+"""An execution-log row (number, worker_id, started_at, finished_at, outcome, error)."""
+
+
+def claimed(rows: list[Row]) -> list[Task]:
+    """Snapshots of claimed rows in claim order (priority DESC, then creation)."""
+    return _claim_order(rows, task, TASK_COLUMN_NAMES)
+
+
+EVENT_COLUMNS: Final = 4
+"""An event row is (seq, kind, status, at) followed by its task's snapshot columns."""
+
+
+def event(row: Row, snapshot: Task) -> TaskEvent:
+    """An event-log row with its task's snapshot."""
+    return TaskEvent(
+        kind=KIND[row[1]],
+        task=snapshot,
+        status=STATUS[row[2]],
+        at=as_datetime(row[3]),
+        cursor=int(row[0]),
+    )

@@ -1,0 +1,233 @@
+"""The SQL of the MySQL backend: every statement, built once at import.
+
+Conventions:
+
+- Parameters are ``%s`` placeholders (aiomysql's format); names are unqualified, since
+  every pooled connection uses the taskmill database as its default.
+- The transitions of the lifecycle kernel (:mod:`taskmill.lifecycle`) are generated
+  here into ``SET`` lists (:func:`taskmill.sql.lifecycle.set_clause`); no status,
+  attempt or event rule is written out by hand.
+- MySQL has no ``UPDATE ... RETURNING``: an operation locks its rows (``SELECT ... FOR
+  UPDATE``, ``SKIP LOCKED`` for claims), updates them by ``seq`` and reads them back
+  with :data:`SELECT_BY_SEQ`, all in its one transaction, so what it reads back is
+  exactly what it wrote.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from taskmill.lifecycle import ALIAS_FIELDS, CANCELLATION, FINISHES, RESCUE_ERROR, RESCUES
+from taskmill.model import TaskFilter
+from taskmill.sql.filters import Dialect, SQLFilter, translate
+from taskmill.sql.lifecycle import Sources, literal, set_clause
+from taskmill.sql.rows import ATTEMPT_COLUMN_NAMES, TASK_COLUMN_NAMES
+from taskmill.storage import FinishKind
+
+from taskmill_mysql.rows import TASK_COLUMNS, as_stored
+
+__all__ = ["DIALECT", "filter_sql", "marks"]
+
+DIALECT: Final = Dialect(
+    placeholder=lambda n, sql_type: "%s",
+    arrays=False,
+    timestamp=as_stored,
+    false="FALSE",
+    true="TRUE",
+)
+"""MySQL for :func:`taskmill.sql.filters.translate`."""
+
+
+def filter_sql(f: TaskFilter) -> SQLFilter:
+    """What ``f`` selects, as MySQL (see :attr:`SQLFilter.where`)."""
+    return translate(f, DIALECT)
+
+
+def marks(n: int) -> str:
+    """``n`` placeholders, comma-separated."""
+    return ", ".join(["%s"] * n)
+
+
+CHUNK: Final = 500
+"""Most ids bound in one ``IN (...)`` list."""
+NOW: Final = "SELECT NOW(6)"
+"""The store clock: the server's, in UTC (the session's time zone is +00:00)."""
+ACTIVE: Final = "status IN ('pending', 'running')"
+LEASE_CLEARED: Final = "worker_id = NULL, lease_expires_at = NULL"
+
+# -- tasks ---------------------------------------------------------------------------
+
+INSERT_ROW: Final = "(%s, %s, 'pending', %s, %s, %s, %s, %s, '{}', %s, %s, %s, %s, %s, %s)"
+INSERT_PREFIX: Final = (
+    "INSERT INTO tasks (id, task_type, status, created_at, run_at, updated_at, app_id, "
+    "params, data, priority, max_retries, dedupe_key, alias_of, parent_id, user_id) VALUES "
+)
+DEDUPE_HASH: Final = (
+    "UNHEX(SHA2(CONCAT(IFNULL(CONCAT('a', %s), 'h'), X'00', %s, X'00', %s), 256))"
+)
+"""The ``dedupe_leader`` generated column's expression (0001_initial.sql) over (app
+id, task type, dedupe key) arguments: a lookup through the unique index."""
+FIND_LEADER: Final = f"SELECT id FROM tasks WHERE dedupe_leader = {DEDUPE_HASH} LOCK IN SHARE MODE"
+"""The active leader of a dedupe key, share-locked: a finish of that leader waits for
+the enqueue deciding on it to commit, and then settles the alias it made."""
+SELECT_TASK: Final = f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = %s"
+
+
+def select_by_seq(n: int) -> str:
+    """The snapshots of ``n`` tasks by seq, in seq order."""
+    return f"SELECT {TASK_COLUMNS} FROM tasks WHERE seq IN ({marks(n)}) ORDER BY seq"
+
+
+def select_seqs_by_id(n: int) -> str:
+    return f"SELECT id, seq FROM tasks WHERE id IN ({marks(n)})"
+
+
+FENCE: Final = "id = %s AND status = 'running' AND worker_id = %s AND attempts = %s"
+INSERT_ATTEMPT: Final = (
+    "INSERT INTO attempts (task_seq, task_id, number, worker_id, started_at, finished_at, "
+    "outcome, error) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+)
+LOCK_ALIASES: Final = (
+    "SELECT seq FROM tasks WHERE alias_of = %s AND status = 'pending' ORDER BY seq FOR UPDATE"
+)
+SETTLE_ALIASES: Final = (
+    f"UPDATE tasks SET {', '.join(f'{c} = %s' for c in ALIAS_FIELDS)}, "
+    "finished_at = %s, updated_at = %s WHERE alias_of = %s AND status = 'pending'"
+)
+"""Settle a terminal leader's aliases (parameters: the leader's
+:data:`~taskmill.lifecycle.ALIAS_FIELDS`, now, now, the leader's id)."""
+ATTEMPTS: Final = (
+    f"SELECT {', '.join(ATTEMPT_COLUMN_NAMES)} FROM attempts "
+    "WHERE task_seq = (SELECT seq FROM tasks WHERE id = %s) AND task_id = %s ORDER BY id"
+)
+
+# -- finishing -------------------------------------------------------------------------
+
+LOCK_RUNNING: Final = (
+    "SELECT seq, id, worker_id, attempts, cancel_reason FROM tasks WHERE id IN ({}) "
+    "AND status = 'running' FOR UPDATE"
+)
+"""Lock the RUNNING rows among some ids (formatted with their placeholders)."""
+_FINISH_SOURCES: Final = Sources(
+    now="%(now)s", later="%(later)s", result="%(result)s", error="%(error)s",
+    cancel_reason="%(reason)s",
+)  # fmt: skip
+_FINISH_SETS: Final = {kind: set_clause(t, _FINISH_SOURCES) for kind, t in FINISHES.items()}
+_FINISH_PROGRESS: Final = (
+    ", progress_done = IF(%(has_progress)s, %(done)s, progress_done), "
+    "progress_total = IF(%(has_progress)s, %(total)s, progress_total), "
+    "progress_message = IF(%(has_progress)s, %(message)s, progress_message)"
+)
+"""A terminal finish keeps the attempt's last progress; a requeue resets it instead."""
+FINISH: Final = {
+    kind: (
+        f"UPDATE tasks SET {_FINISH_SETS[kind]}, updated_at = %(now)s, {LEASE_CLEARED}, "
+        "data = IFNULL(%(data)s, data)"
+        f"{'' if FINISHES[kind].requeues else _FINISH_PROGRESS} WHERE seq = %(seq)s"
+    )
+    for kind in FinishKind
+}
+"""The finish of one locked RUNNING task as each kind (named parameters)."""
+
+RENEW: Final = "UPDATE tasks SET lease_expires_at = %s WHERE seq IN ({})"
+
+
+def _progress_sql(with_progress: bool, with_data: bool) -> str:
+    sets = "updated_at = %s"
+    if with_progress:
+        sets += ", progress_done = %s, progress_total = %s, progress_message = %s"
+    if with_data:
+        sets += ", data = %s"
+    return f"UPDATE tasks SET {sets} WHERE seq = %s"
+
+
+PROGRESS_SQL: Final = {(p, d): _progress_sql(p, d) for p in (False, True) for d in (False, True)}
+
+# -- rescue and redrive ------------------------------------------------------------------
+
+RESCUE_SELECT: Final = (
+    "SELECT seq, id, worker_id, attempts, max_retries, started_at, cancel_reason FROM tasks "
+    "WHERE status = 'running' AND lease_expires_at <= %s ORDER BY lease_expires_at LIMIT %s "
+    "FOR UPDATE SKIP LOCKED"
+)
+_RESCUE_SOURCES: Final = Sources(now="%(now)s", error=literal(RESCUE_ERROR))
+RESCUE: Final = {
+    case: (
+        f"UPDATE tasks SET {set_clause(t, _RESCUE_SOURCES)}, updated_at = %(now)s, "
+        f"{LEASE_CLEARED} WHERE seq = %(seq)s"
+    )
+    for case, t in RESCUES.items()
+}
+"""The rescue of one expired, locked task in each
+:class:`~taskmill.lifecycle.RescueCase` (named parameters now, seq)."""
+REDRIVE: Final = (
+    "UPDATE tasks SET status = 'pending', attempts = 0, result = NULL, error = NULL, "
+    "cancel_reason = NULL, progress_done = 0, progress_total = NULL, "
+    "progress_message = NULL, run_at = %s, updated_at = %s, started_at = NULL, "
+    "finished_at = NULL WHERE seq = %s"
+)
+REDRIVE_SELECT: Final = (
+    "SELECT seq, status, alias_of, app_id, task_type, dedupe_key FROM tasks WHERE id = %s "
+    "FOR UPDATE"
+)
+
+# -- claims ------------------------------------------------------------------------------
+
+CLAIM_UPDATE: Final = (
+    "UPDATE tasks SET status = 'running', attempts = attempts + 1, worker_id = %s, "
+    "started_at = %s, updated_at = %s, lease_expires_at = %s WHERE seq IN ({})"
+)
+
+
+def claim_select(app_key: bool, excluded: int, min_priority: bool) -> str:
+    """Pick (and lock, skipping rows other claims hold) one handler key's best due tasks
+    through ``tasks_claim``: parameters task type, [app id | excluded apps], now,
+    [min priority], limit."""
+    if app_key:
+        app = " AND app_id = %s"
+    elif excluded:
+        app = f" AND (app_id IS NULL OR app_id NOT IN ({marks(excluded)}))"
+    else:
+        app = ""
+    prio = " AND priority >= %s" if min_priority else ""
+    return (
+        f"SELECT seq, priority FROM tasks FORCE INDEX (tasks_claim) WHERE claim_type = %s{app} "
+        f"AND run_at <= %s{prio} ORDER BY claim_rank, seq LIMIT %s FOR UPDATE SKIP LOCKED"
+    )
+
+
+NEXT_RUN: Final = (
+    "SELECT MIN(run_at) FROM tasks WHERE claim_type = %s{app} AND NOT EXISTS (SELECT 1 FROM "
+    "suspensions s WHERE (s.task_type IS NULL OR s.task_type = tasks.task_type) "
+    "AND (s.app_id IS NULL OR s.app_id <=> tasks.app_id))"
+)
+
+# -- control and the event log ------------------------------------------------------
+
+EVENT_CURSOR_LOCK: Final = "SELECT value FROM event_cursor WHERE id = 1 FOR UPDATE"
+"""Draw event seqs: the row lock is held to the commit (see 0001_initial.sql)."""
+EVENT_CURSOR_SET: Final = "UPDATE event_cursor SET value = %s WHERE id = 1"
+EVENT_CURSOR: Final = "SELECT value FROM event_cursor WHERE id = 1"
+INSERT_EVENTS: Final = "INSERT INTO events (seq, task_seq, task_id, kind, status, at) VALUES "
+EVENT_ROW: Final = "(%s, %s, %s, %s, %s, %s)"
+READ_EVENTS: Final = (
+    f"SELECT e.seq, e.kind, e.status, e.at, {', '.join(f't.{c}' for c in TASK_COLUMN_NAMES)} "
+    "FROM events AS e LEFT JOIN tasks AS t ON t.seq = e.task_seq AND t.id = e.task_id "
+    "WHERE e.seq > %s ORDER BY e.seq LIMIT %s"
+)
+FIRST_YOUNG_EVENT: Final = "SELECT seq FROM events WHERE at >= %s ORDER BY seq LIMIT 1"
+
+SUSPENSIONS: Final = "SELECT task_type, app_id FROM suspensions"
+CLAIM_GATE_SHARED: Final = "SELECT id FROM claim_gate WHERE id = 1 LOCK IN SHARE MODE"
+"""Taken by a claim before it reads the suspensions (see 0001_initial.sql)."""
+CLAIM_GATE_EXCLUSIVE: Final = "SELECT id FROM claim_gate WHERE id = 1 FOR UPDATE"
+"""Taken by a suspension before it is stored."""
+SUSPEND: Final = (
+    "INSERT INTO suspensions (task_type, app_id, created_at) VALUES (%s, %s, %s) "
+    "ON DUPLICATE KEY UPDATE created_at = created_at"
+)
+RESUME: Final = "DELETE FROM suspensions WHERE task_type <=> %s AND app_id <=> %s"
+
+CANCELLATION_SET: Final = set_clause(
+    CANCELLATION, Sources(now="%(now)s", cancel_reason="%(reason)s")
+)

@@ -1,0 +1,236 @@
+"""The storage contract on ``mysql://`` (MariaDB in CI), plus what only this backend
+must do: URLs and options, bad input (an unreachable server, a wrong password, a schema
+version mismatch), migrations under GET_LOCK, and the event cursor's commit order."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import aiomysql
+import pytest
+from taskmill.discovery import storage_for_url
+from taskmill.errors import InvalidURL, SchemaVersionError, StorageUnavailable
+from taskmill.storage import TaskStorage
+from taskmill.testing import Place, SchemaMigrations, StorageContract, new_task
+from taskmill_mysql import MySQLStorage, latest_version
+from taskmill_mysql import schema as my_schema
+from taskmill_mysql.options import parse_url, redact
+
+from tests.conftest import MYSQL_URL, drop_database, mysql_url_for, new_schema_name
+
+
+async def raw(url: str = MYSQL_URL) -> aiomysql.Connection:
+    p = parse_url(url, {})
+    return await aiomysql.connect(
+        host=p.host, port=p.port, user=p.user, password=p.password, autocommit=True
+    )
+
+
+async def fetch(sql: str, *args: object) -> list[tuple[object, ...]]:
+    conn = await raw()
+    try:
+        async with conn.cursor() as cursor:
+            await cursor.execute(sql, args or None)
+            return list(await cursor.fetchall())
+    finally:
+        conn.close()
+
+
+async def dump(database: str) -> dict[str, list[tuple[object, ...]]]:
+    """The database's catalog (columns, indexes), comparable between two databases."""
+    columns = await fetch(
+        "SELECT table_name, column_name, ordinal_position, column_type, is_nullable,"
+        " column_default, extra, generation_expression, collation_name"
+        " FROM information_schema.columns WHERE table_schema = %s ORDER BY 1, 3",
+        database,
+    )
+    indexes = await fetch(
+        "SELECT table_name, index_name, seq_in_index, column_name, non_unique"
+        " FROM information_schema.statistics WHERE table_schema = %s ORDER BY 1, 2, 3",
+        database,
+    )
+    return {"columns": columns, "indexes": indexes}
+
+
+class MySQLMigrations(SchemaMigrations):
+    """The schema's migrations, applied in two fresh databases of the test server."""
+
+    def __init__(self) -> None:
+        self.names: dict[Place, str] = {"fresh": new_schema_name(), "stepwise": new_schema_name()}
+
+    def versions(self) -> list[int]:
+        return [m.version for m in my_schema.migrations()]
+
+    async def create_fresh(self) -> None:
+        store = MySQLStorage.from_url(mysql_url_for(self.names["fresh"]))
+        await store.open()
+        await store.close()
+
+    async def apply_one(self, version: int) -> None:
+        conn = await raw()
+        try:
+            applied = await my_schema.apply_pending(
+                conn, self.names["stepwise"], "test", mariadb=True, up_to=version
+            )
+            assert applied == version
+        finally:
+            conn.close()
+
+    async def stored_version(self, place: Place) -> int | None:
+        conn = await raw()
+        try:
+            return await my_schema.stored_version(conn, self.names[place])
+        finally:
+            conn.close()
+
+    async def describe(self, place: Place) -> object:
+        return await dump(self.names[place])
+
+    def drop(self) -> None:
+        for name in self.names.values():
+            drop_database(name)
+
+
+class TestMySQLStorage(StorageContract):
+    @pytest.fixture
+    async def storage(self, mysql_url: str) -> AsyncIterator[TaskStorage]:
+        store = MySQLStorage.from_url(mysql_url)
+        await store.open()
+        yield store
+        await store.close()
+
+    @pytest.fixture
+    def schema_migrations(self) -> Iterator[SchemaMigrations]:
+        migrations = MySQLMigrations()
+        yield migrations
+        migrations.drop()
+
+
+# -- URLs and options -----------------------------------------------------------------
+
+
+def test_the_entry_points_serve_mysql_and_mariadb_urls():
+    for scheme in ("mysql", "mariadb"):
+        store = storage_for_url(f"{scheme}://user@localhost/db")
+        assert isinstance(store, MySQLStorage)
+        assert store.capabilities.notifications is False
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "message"),
+    [
+        ("mysql://h/db?bogus=1", {}, "valid options are: pool_min_size"),
+        ("mysql://h/db", {"schema": "x"}, "unknown mysql:// option"),
+        ("mysql://h/1db", {}, "plain identifier"),
+        ("mysql://h/db?pool_max_size=0", {}, "whole number >= 1"),
+        ("mysql://h/db?pool_min_size=5&pool_max_size=2", {}, "larger than"),
+        ("mysql://h:99999/db", {}, "malformed"),
+        ("postgresql://h/db", {}, "not a MySQL URL"),
+    ],
+)
+def test_bad_urls_and_options_are_invalid(url: str, options: dict, message: str):
+    with pytest.raises(InvalidURL, match=message):
+        MySQLStorage.from_url(url, **options)
+
+
+def test_an_unknown_option_never_shows_the_password():
+    with pytest.raises(InvalidURL) as excinfo:
+        MySQLStorage.from_url("mysql://app:s3cret@db:3306/app?nope=1")
+    assert "s3cret" not in str(excinfo.value)
+    assert "s3cret" not in repr(MySQLStorage.from_url("mysql://app:s3cret@db/app"))
+
+
+# -- bad input ------------------------------------------------------------------------
+
+
+async def test_an_unreachable_server_is_unavailable_naming_host_and_port():
+    store = MySQLStorage.from_url("mysql://app:s3cret@127.0.0.1:1/app", connect_timeout=3)
+    with pytest.raises(StorageUnavailable) as excinfo:
+        await store.open()
+    message = str(excinfo.value)
+    assert "127.0.0.1:1/app" in message and "s3cret" not in message
+    with pytest.raises(StorageUnavailable, match="not open"):
+        await store.get("x")
+
+
+async def test_a_wrong_password_says_what_to_check_without_showing_it(mysql_database: str):
+    url = mysql_url_for(mysql_database).replace(":taskmill@", ":WrongPassword@", 1)
+    if ":WrongPassword@" not in url:
+        pytest.skip("the test server URL has no password to change")
+    with pytest.raises(StorageUnavailable) as excinfo:
+        await MySQLStorage.from_url(url).open()
+    message = str(excinfo.value)
+    assert "WrongPassword" not in message
+    assert "password" in message and "user taskmill" in message
+
+
+async def _set_version(database: str, version: int) -> None:
+    conn = await raw()
+    try:
+        async with conn.cursor() as cursor:
+            await cursor.execute(
+                f"UPDATE `{database}`.taskmill_meta SET `value` = %s WHERE `key` = %s",
+                (str(version), "schema_version"),
+            )
+    finally:
+        conn.close()
+
+
+async def test_an_older_schema_is_refused_with_the_migrate_command(
+    mysql_url: str, mysql_database: str
+):
+    store = MySQLStorage.from_url(mysql_url)
+    await store.open()
+    (task,) = await store.enqueue([new_task()])
+    await store.close()
+    await _set_version(mysql_database, 0)
+    with pytest.raises(SchemaVersionError) as excinfo:
+        await MySQLStorage.from_url(mysql_url).open()
+    message = str(excinfo.value)
+    assert f"taskmill migrate --url {redact(mysql_url)}" in message
+    assert ":taskmill@" not in message
+    assert await store.migrate() == latest_version()
+    await store.open()
+    try:
+        assert await store.get(task.id) == task  # nothing was lost
+    finally:
+        await store.close()
+
+
+async def test_a_newer_schema_is_refused_with_upgrade_advice(mysql_url: str, mysql_database: str):
+    store = MySQLStorage.from_url(mysql_url)
+    await store.open()
+    await store.close()
+    await _set_version(mysql_database, latest_version() + 1)
+    for attempt in (store.open(), store.migrate()):
+        with pytest.raises(SchemaVersionError, match="pip install --upgrade taskmill-mysql"):
+            await attempt
+
+
+async def test_another_applications_database_is_left_untouched(
+    mysql_url: str, mysql_database: str
+):
+    await fetch(f"CREATE DATABASE `{mysql_database}`")
+    await fetch(f"CREATE TABLE `{mysql_database}`.invoices (id INT)")
+    store = MySQLStorage.from_url(mysql_url)
+    for attempt in (store.open(), store.migrate()):
+        with pytest.raises(StorageUnavailable, match="not a taskmill database"):
+            await attempt
+    tables = await fetch(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+        mysql_database,
+    )
+    assert tables == [("invoices",)]
+
+
+async def test_migrate_is_idempotent_and_keeps_tasks(mysql_url: str):
+    store = MySQLStorage.from_url(mysql_url)
+    assert await store.migrate() == latest_version()
+    assert await store.migrate() == latest_version()
+    await store.open()
+    try:
+        (task,) = await store.enqueue([new_task()])
+        assert await store.migrate() == latest_version()
+        assert await store.get(task.id) == task
+    finally:
+        await store.close()
