@@ -9,9 +9,9 @@ PostgreSQL tests use ``$TASKMILL_TEST_POSTGRES_URL`` (default
 ``postgresql://taskmill:taskmill@127.0.0.1:5432/taskmill``); each test gets a fresh
 schema of its own, dropped afterwards. MySQL tests use ``$TASKMILL_TEST_MYSQL_URL``
 (default ``mysql://taskmill:taskmill@127.0.0.1:3306/taskmill``); each test gets a fresh
-database of its own (the URL's database replaced), dropped afterwards. A server that cannot be reached skips those tests,
-unless ``$TASKMILL_REQUIRE_BACKENDS`` (a comma-separated list, set by ``.ci/run``) names
-the backend: then they fail.
+database of its own (the URL's database replaced), dropped afterwards. A server that
+cannot be reached skips those tests, unless ``$TASKMILL_REQUIRE_BACKENDS`` (a
+comma-separated list, set by ``.ci/run``) names the backend: then they fail.
 """
 
 from __future__ import annotations

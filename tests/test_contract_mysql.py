@@ -207,9 +207,7 @@ async def test_a_newer_schema_is_refused_with_upgrade_advice(mysql_url: str, mys
             await attempt
 
 
-async def test_another_applications_database_is_left_untouched(
-    mysql_url: str, mysql_database: str
-):
+async def test_another_applications_database_is_left_untouched(mysql_url: str, mysql_database: str):
     await fetch(f"CREATE DATABASE `{mysql_database}`")
     await fetch(f"CREATE TABLE `{mysql_database}`.invoices (id INT)")
     store = MySQLStorage.from_url(mysql_url)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 import aiomysql
@@ -62,7 +62,7 @@ class Session:
         self.conn = conn
         self.cursor = cursor
 
-    async def execute(self, sql: str, args: Sequence[Any] | None = None) -> int:
+    async def execute(self, sql: str, args: Sequence[Any] | Mapping[str, Any] | None = None) -> int:
         """Run one statement; the number of rows it changed (or selected)."""
         return int(await self.cursor.execute(sql, args))
 

@@ -191,9 +191,7 @@ async def enqueue(s: Session, tasks: Sequence[NewTask]) -> list[Task]:
         await s.execute(sql.INSERT_PREFIX + ", ".join([sql.INSERT_ROW] * len(chunk)), args)
         ids = [row[0] for row in chunk]
         seq_of.update(await s.fetchall(sql.select_seqs_by_id(len(ids)), ids))
-    await append_events(
-        s, [(seq_of[t.id], t.id, _ENQUEUED, "pending", at) for t in stored]
-    )
+    await append_events(s, [(seq_of[t.id], t.id, _ENQUEUED, "pending", at) for t in stored])
     return stored
 
 
@@ -581,25 +579,26 @@ async def cancel(
     first = {r[1]: position[r[1]] for r in active}
     direct = [r[0] for r in active if first.get(r[6], len(targets)) > position[r[1]]]
     for chunk in _chunks(direct):
+        named = ", ".join(f"%(s{i})s" for i in range(len(chunk)))
         await s.execute(
             f"UPDATE tasks SET {sql.CANCELLATION_SET}, updated_at = %(now)s, "
-            f"{sql.LEASE_CLEARED} WHERE seq IN ({', '.join(f'%(s{i})s' for i in range(len(chunk)))})",
+            f"{sql.LEASE_CLEARED} WHERE seq IN ({named})",
             {"now": at, "reason": reason.value, **{f"s{i}": q for i, q in enumerate(chunk)}},
         )
     rows = {r[ID]: r for r in await _by_seq(s, direct)}
-    changed: list[Row] = []
+    cancelled: list[Row] = []
     done: set[str] = set()
     for task_id in targets:
         row = rows.get(task_id)
         if row is None or task_id in done:
             continue
         done.add(task_id)
-        changed.append(row)
+        cancelled.append(row)
         events.append((row[SEQ], task_id, _CANCELLED_EVENT, "cancelled", at))
         if leads_aliases(row):
             for alias in await _settle_aliases(s, row, at, events):
                 done.add(alias[ID])
-                changed.append(alias)
+                cancelled.append(alias)
     error = cancel_error(reason)
     log = [
         (
@@ -611,7 +610,7 @@ async def cancel(
     ]  # fmt: skip
     await s.executemany(sql.INSERT_ATTEMPT, log)
     await append_events(s, events)
-    return [task(r) for r in changed]
+    return [task(r) for r in cancelled]
 
 
 async def watch(s: Session, leases: Sequence[Lease]) -> dict[str, CancelReason | None]:
@@ -625,9 +624,9 @@ async def watch(s: Session, leases: Sequence[Lease]) -> dict[str, CancelReason |
             found[row[0]] = row
     held: dict[str, CancelReason | None] = {}
     for lease in leases:
-        row = found.get(lease.task_id)
-        if row is not None and _held(row, lease):
-            held[lease.task_id] = None if row[4] is None else REASON[row[4]]
+        held_row = found.get(lease.task_id)
+        if held_row is not None and _held(held_row, lease):
+            held[lease.task_id] = None if held_row[4] is None else REASON[held_row[4]]
     return held
 
 
@@ -643,7 +642,9 @@ async def suspend(s: Session, scope: SuspensionScope) -> int:
     if scope.app_id is not None:
         where += " AND app_id = %s"
         params.append(scope.app_id)
-    asked = await s.fetchall(f"SELECT seq, id FROM tasks WHERE {where} ORDER BY seq FOR UPDATE", params)
+    asked = await s.fetchall(
+        f"SELECT seq, id FROM tasks WHERE {where} ORDER BY seq FOR UPDATE", params
+    )
     for chunk in _chunks([r[0] for r in asked]):
         await s.execute(
             "UPDATE tasks SET cancel_reason = 'suspended', updated_at = %s "
@@ -700,7 +701,9 @@ async def prune_events(s: Session, older_than: timedelta) -> int:
 
 # -- handler registrations -------------------------------------------------------------------
 
-_REGISTRATION_COLUMNS: Final = "app_id, task_type, url, timeout, max_retries, concurrency, updated_at"
+_REGISTRATION_COLUMNS: Final = (
+    "app_id, task_type, url, timeout, max_retries, concurrency, updated_at"
+)
 
 
 async def put_registration(s: Session, r: HandlerRegistration) -> HandlerRegistration:
@@ -712,7 +715,9 @@ async def put_registration(s: Session, r: HandlerRegistration) -> HandlerRegistr
         "concurrency = VALUES(concurrency), updated_at = VALUES(updated_at)",
         (r.app_id, r.task_type, r.url, r.timeout, r.max_retries, r.concurrency, at),
     )
-    return _registration((r.app_id, r.task_type, r.url, r.timeout, r.max_retries, r.concurrency, at))
+    return _registration(
+        (r.app_id, r.task_type, r.url, r.timeout, r.max_retries, r.concurrency, at)
+    )
 
 
 async def delete_registration(s: Session, key: tuple[str | None, str]) -> bool:

@@ -77,8 +77,7 @@ def _options(raw: dict[str, Any]) -> MySQLOptions:
     max_size = int(_number("pool_max_size", raw.get("pool_max_size", 10), minimum=1, integer=True))
     if min_size > max_size:
         raise InvalidURL(
-            f"mysql:// option pool_min_size ({min_size}) is larger than pool_max_size "
-            f"({max_size})"
+            f"mysql:// option pool_min_size ({min_size}) is larger than pool_max_size ({max_size})"
         )
     charset = str(raw.get("charset", "utf8mb4"))
     if not _NAME.match(charset):

@@ -168,9 +168,7 @@ class MySQLTarget:
         """Create the database when missing and make it the connection's default."""
         quoted = quote_ident(self.database)
         async with self.conn.cursor() as cursor:
-            await cursor.execute(
-                f"CREATE DATABASE IF NOT EXISTS {quoted} CHARACTER SET utf8mb4"
-            )
+            await cursor.execute(f"CREATE DATABASE IF NOT EXISTS {quoted} CHARACTER SET utf8mb4")
             await cursor.execute(f"USE {quoted}")
 
     async def apply(self, migration: Migration) -> None:

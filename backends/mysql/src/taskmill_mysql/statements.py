@@ -62,9 +62,7 @@ INSERT_PREFIX: Final = (
     "INSERT INTO tasks (id, task_type, status, created_at, run_at, updated_at, app_id, "
     "params, data, priority, max_retries, dedupe_key, alias_of, parent_id, user_id) VALUES "
 )
-DEDUPE_HASH: Final = (
-    "UNHEX(SHA2(CONCAT(IFNULL(CONCAT('a', %s), 'h'), X'00', %s, X'00', %s), 256))"
-)
+DEDUPE_HASH: Final = "UNHEX(SHA2(CONCAT(IFNULL(CONCAT('a', %s), 'h'), X'00', %s, X'00', %s), 256))"
 """The ``dedupe_leader`` generated column's expression (0001_initial.sql) over (app
 id, task type, dedupe key) arguments: a lookup through the unique index."""
 FIND_LEADER: Final = f"SELECT id FROM tasks WHERE dedupe_leader = {DEDUPE_HASH} LOCK IN SHARE MODE"
