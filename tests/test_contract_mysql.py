@@ -4,16 +4,20 @@ version mismatch), migrations under GET_LOCK, and the event cursor's commit orde
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
+from datetime import datetime
 
 import aiomysql
 import pytest
 from taskmill.discovery import storage_for_url
 from taskmill.errors import InvalidURL, SchemaVersionError, StorageUnavailable
 from taskmill.storage import TaskStorage
-from taskmill.testing import Place, SchemaMigrations, StorageContract, new_task
+from taskmill.testing import Place, SchemaMigrations, StorageContract, new_task, wait_until
 from taskmill_mysql import MySQLStorage, latest_version
 from taskmill_mysql import schema as my_schema
+from taskmill_mysql.connection import Session
+from taskmill_mysql.operations import append_events
 from taskmill_mysql.options import parse_url, redact
 
 from tests.conftest import MYSQL_URL, drop_database, mysql_url_for, new_schema_name
@@ -231,4 +235,53 @@ async def test_migrate_is_idempotent_and_keeps_tasks(mysql_url: str):
         assert await store.migrate() == latest_version()
         assert await store.get(task.id) == task
     finally:
+        await store.close()
+
+
+# -- the event cursor follows commit order ------------------------------------------------
+
+
+async def test_an_event_writer_waits_for_the_one_before_it_to_commit(mysql_url: str):
+    """AUTO_INCREMENT is not commit order: a transaction that drew seq N and commits
+    after one that drew N+1 would appear behind a reader's cursor. Event writers draw
+    their seqs under the ``event_cursor`` row lock held to their commit, so a second
+    writer waits for the first, and a reader never passes an uncommitted event."""
+    store = MySQLStorage.from_url(mysql_url)
+    await store.open()
+    held = await raw(mysql_url)
+    try:
+        (first,) = await store.enqueue([new_task()])
+        _, start = await store.read_events(None)
+        seq = (await fetch(f"SELECT seq FROM `{store.database}`.tasks WHERE id = %s", first.id))[0][
+            0
+        ]
+        await held.select_db(store.database)
+        await held.begin()
+        async with held.cursor() as cursor:
+            session = Session(held, cursor)
+            await append_events(
+                session, [(int(seq), first.id, "progress", "running", datetime(2026, 1, 1))]
+            )
+            second = asyncio.create_task(store.enqueue([new_task()]))
+
+            async def second_waits_for_a_lock() -> bool:
+                rows = await fetch(
+                    "SELECT COUNT(*) FROM information_schema.innodb_trx"
+                    " WHERE trx_state = 'LOCK WAIT'"
+                )
+                return int(rows[0][0]) >= 1
+
+            await wait_until(second_waits_for_a_lock, timeout=15)
+            assert not second.done()
+            assert await store.read_events(start) == ([], start)
+        await held.commit()
+        (later,) = await asyncio.wait_for(second, 15)
+        events, cursor_now = await store.read_events(start)
+        assert [(e.task.id, e.kind.value) for e in events] == [
+            (first.id, "progress"),
+            (later.id, "enqueued"),
+        ]
+        assert [e.cursor for e in events] == [start + 1, start + 2] and cursor_now == start + 2
+    finally:
+        held.close()
         await store.close()
