@@ -202,8 +202,8 @@ async def test_a_second_signal_ends_a_stop_that_the_store_holds_up_within_a_seco
 
 
 class _store_locked:
-    """Hold the store's write path from another connection: the attempts table locked
-    on PostgreSQL, SQLite's write lock on a SQLite file."""
+    """Hold the store's write path from another connection: the tasks table locked
+    on PostgreSQL, the event cursor row on MySQL, SQLite's write lock on a SQLite file."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -221,6 +221,25 @@ class _store_locked:
                 conn.close()
 
             self._release = release_sqlite
+            return
+        if self.url.startswith("mysql"):
+            import aiomysql
+            from taskmill_mysql.options import parse_url
+
+            p = parse_url(self.url, {})
+            my = await aiomysql.connect(
+                host=p.host, port=p.port, user=p.user, password=p.password, db=p.database
+            )
+            await my.begin()
+            async with my.cursor() as cursor:
+                # Every write that records an event (a release does) waits for this row.
+                await cursor.execute("SELECT value FROM event_cursor WHERE id = 1 FOR UPDATE")
+
+            async def release_mysql() -> None:
+                await my.rollback()
+                my.close()
+
+            self._release = release_mysql
             return
         import asyncpg
 
