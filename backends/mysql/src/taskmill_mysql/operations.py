@@ -272,24 +272,37 @@ def _held(row: Row | None, lease: Lease) -> bool:
     return row is not None and row[2] == lease.worker_id and row[3] == lease.attempt
 
 
-def _finish_args(finish: Finish, seq: int, at: datetime) -> dict[str, Any]:
+def _finish_values(finish: Finish, seq: int, at: datetime) -> list[Any]:
+    """One finish's row of the batch (statements.FINISH_COLUMNS)."""
     progress = finish.progress
     reason = None
     if finish.kind is FinishKind.CANCEL:
         reason = (finish.cancel_reason or DEFAULT_CANCEL_REASON).value
-    return {
-        "seq": seq,
-        "now": at,
-        "later": at + timedelta(seconds=finish.retry_in or 0),
-        "result": finish.result_json,
-        "error": finish.error,
-        "reason": reason,
-        "data": None if finish.data is None else dumps(finish.data),
-        "has_progress": progress is not None,
-        "done": None if progress is None else progress.done,
-        "total": None if progress is None else progress.total,
-        "message": None if progress is None else progress.message,
-    }
+    return [
+        seq,
+        at + timedelta(seconds=finish.retry_in or 0),
+        finish.result_json,
+        finish.error,
+        reason,
+        None if finish.data is None else dumps(finish.data),
+        progress is not None,
+        None if progress is None else progress.done,
+        None if progress is None else progress.total,
+        None if progress is None else progress.message,
+    ]
+
+
+async def _apply_finishes(
+    s: Session, at: datetime, kind: FinishKind, values: list[list[Any]]
+) -> None:
+    """The batched finish statement of ``kind`` over ``values`` (128 rows at a time)."""
+    for start in range(0, len(values), 128):
+        chunk = values[start : start + 128]
+        args: list[Any] = []
+        for row in chunk:
+            args += row
+        args += [at] * sql.finish_now_count(kind)
+        await s.execute(sql.finish_sql(kind, len(chunk)), args)
 
 
 async def finish(s: Session, finishes: Sequence[Finish]) -> list[Task | None]:
@@ -310,14 +323,17 @@ async def finish(s: Session, finishes: Sequence[Finish]) -> list[Task | None]:
     for indexes in rounds:
         locked = await _lock_running(s, [finishes[i].lease.task_id for i in indexes])
         applied: dict[int, tuple[int, FinishKind]] = {}
+        by_kind: dict[FinishKind, list[list[Any]]] = {}
         for index in indexes:
             one = finishes[index]
             row = locked.get(one.lease.task_id)
             if row is None or not _held(row, one.lease):
                 continue
             kind = finish_kind(one.kind, stop_requested=row[4] is not None)
-            await s.execute(sql.FINISH[kind], _finish_args(one, row[0], at))
+            by_kind.setdefault(kind, []).append(_finish_values(one, row[0], at))
             applied[index] = (row[0], kind)
+        for kind, values in by_kind.items():
+            await _apply_finishes(s, at, kind, values)
         rows = {r[SEQ]: r for r in await _by_seq(s, [q for q, _ in applied.values()])}
         for index in indexes:
             if index not in applied:

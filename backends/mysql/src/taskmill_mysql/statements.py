@@ -106,26 +106,55 @@ LOCK_RUNNING: Final = (
     "AND status = 'running' FOR UPDATE"
 )
 """Lock the RUNNING rows among some ids (formatted with their placeholders)."""
-_FINISH_SOURCES: Final = Sources(
-    now="%(now)s", later="%(later)s", result="%(result)s", error="%(error)s",
-    cancel_reason="%(reason)s",
+FINISH_COLUMNS: Final = (
+    "seq", "later", "result", "error", "reason", "data", "has_progress", "done", "total",
+    "message",
 )  # fmt: skip
-_FINISH_SETS: Final = {kind: set_clause(t, _FINISH_SOURCES) for kind, t in FINISHES.items()}
+"""The columns of one finish's row in the batch ``v`` (see :func:`finish_sql`)."""
+_FINISH_SOURCES: Final = Sources(
+    now="%s", later="v.later", result="v.result", error="v.error", cancel_reason="v.reason",
+    table="t",
+)  # fmt: skip
 _FINISH_PROGRESS: Final = (
-    ", progress_done = IF(%(has_progress)s, %(done)s, progress_done), "
-    "progress_total = IF(%(has_progress)s, %(total)s, progress_total), "
-    "progress_message = IF(%(has_progress)s, %(message)s, progress_message)"
+    ", t.progress_done = IF(v.has_progress, v.done, t.progress_done), "
+    "t.progress_total = IF(v.has_progress, v.total, t.progress_total), "
+    "t.progress_message = IF(v.has_progress, v.message, t.progress_message)"
 )
 """A terminal finish keeps the attempt's last progress; a requeue resets it instead."""
-FINISH: Final = {
-    kind: (
-        f"UPDATE tasks SET {_FINISH_SETS[kind]}, updated_at = %(now)s, {LEASE_CLEARED}, "
-        "data = IFNULL(%(data)s, data)"
-        f"{'' if FINISHES[kind].requeues else _FINISH_PROGRESS} WHERE seq = %(seq)s"
+_finish_sql_cache: dict[tuple[FinishKind, int], str] = {}
+
+
+def _qualified(assignments: str) -> str:
+    """``SET`` assignments with their target columns qualified by ``t.`` (a multi-table
+    UPDATE needs it)."""
+    return ", ".join(f"t.{a.strip()}" for a in assignments.split(", "))
+
+
+def finish_sql(kind: FinishKind, rows: int) -> str:
+    """The finish of ``rows`` locked RUNNING tasks as ``kind``: one multi-table
+    ``UPDATE`` joining the batch ``v`` (a ``UNION ALL`` of one row per finish, the
+    columns of :data:`FINISH_COLUMNS`) by seq. Parameters: the batch's values, row by
+    row, then now (once per use in the SET list, see :func:`finish_now_count`)."""
+    cached = _finish_sql_cache.get((kind, rows))
+    if cached is not None:
+        return cached
+    first = "SELECT " + ", ".join(f"%s AS {c}" for c in FINISH_COLUMNS)
+    more = " UNION ALL SELECT " + ", ".join(["%s"] * len(FINISH_COLUMNS))
+    sets = _qualified(set_clause(FINISHES[kind], _FINISH_SOURCES))
+    progress = "" if FINISHES[kind].requeues else _FINISH_PROGRESS
+    text = (
+        f"UPDATE tasks AS t JOIN ({first}{more * (rows - 1)}) AS v ON t.seq = v.seq "
+        f"SET {sets}, t.updated_at = %s, t.worker_id = NULL, t.lease_expires_at = NULL, "
+        f"t.data = IFNULL(v.data, t.data){progress}"
     )
-    for kind in FinishKind
-}
-"""The finish of one locked RUNNING task as each kind (named parameters)."""
+    _finish_sql_cache[(kind, rows)] = text
+    return text
+
+
+def finish_now_count(kind: FinishKind) -> int:
+    """How many times :func:`finish_sql`'s SET list takes the store clock."""
+    return set_clause(FINISHES[kind], _FINISH_SOURCES).count("%s") + 1
+
 
 RENEW: Final = "UPDATE tasks SET lease_expires_at = %s WHERE seq IN ({})"
 
