@@ -265,9 +265,12 @@ async def test_an_event_writer_waits_for_the_one_before_it_to_commit(mysql_url: 
             second = asyncio.create_task(store.enqueue([new_task()]))
 
             async def second_waits_for_a_lock() -> bool:
+                if second.done():
+                    second.result()  # its error, if it failed
+                    raise AssertionError("the second event writer did not wait")
                 rows = await fetch(
-                    "SELECT COUNT(*) FROM information_schema.innodb_trx"
-                    " WHERE trx_state = 'LOCK WAIT'"
+                    "SELECT COUNT(*) FROM information_schema.processlist"
+                    " WHERE info LIKE 'UPDATE event_cursor%'"
                 )
                 return int(rows[0][0]) >= 1
 

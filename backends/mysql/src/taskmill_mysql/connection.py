@@ -66,6 +66,11 @@ class Session:
         """Run one statement; the number of rows it changed (or selected)."""
         return int(await self.cursor.execute(sql, args))
 
+    async def execute_for_id(self, sql: str, args: Sequence[Any] | None = None) -> int:
+        """Run one statement; the ``LAST_INSERT_ID()`` it set."""
+        await self.cursor.execute(sql, args)
+        return int(self.cursor.lastrowid)
+
     async def fetchall(self, sql: str, args: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         """Run one query; its rows."""
         await self.cursor.execute(sql, args)

@@ -117,16 +117,14 @@ async def append_events(s: Session, events: list[Event]) -> None:
     here to the commit and seqs follow commit order."""
     if not events:
         return
-    row = await s.fetchone(sql.EVENT_CURSOR_LOCK)
-    assert row is not None
-    first = int(row[0]) + 1
+    last = await s.execute_for_id(sql.EVENT_CURSOR_DRAW, (len(events),))
+    first = last - len(events) + 1
     for start in range(0, len(events), sql.CHUNK):
         chunk = events[start : start + sql.CHUNK]
         args: list[Any] = []
         for n, (task_seq, task_id, kind, status, at) in enumerate(chunk, first + start):
             args += (n, task_seq, task_id, kind, status, at)
         await s.execute(sql.INSERT_EVENTS + ", ".join([sql.EVENT_ROW] * len(chunk)), args)
-    await s.execute(sql.EVENT_CURSOR_SET, (first + len(events) - 1,))
 
 
 async def _by_seq(s: Session, seqs: Sequence[int]) -> list[Row]:
@@ -235,10 +233,11 @@ def _claim_branches(
 
 
 async def claim(s: Session, request: ClaimRequest) -> list[Task]:
-    await s.execute(sql.CLAIM_GATE_SHARED)
-    at = await now(s)
-    scopes = await s.fetchall(sql.SUSPENSIONS)
-    suspended = [SuspensionScope(task_type=t, app_id=a) for t, a in scopes]
+    prelude = await s.fetchall(sql.CLAIM_PRELUDE)
+    at = prelude[0][0]
+    suspended = [
+        SuspensionScope(task_type=t, app_id=a) for _, stored, t, a in prelude if stored is not None
+    ]
     picked: list[tuple[int, int]] = []
     for text, args in _claim_branches(request, suspended):
         args[args.index(None, 1)] = at

@@ -231,9 +231,10 @@ NEXT_RUN: Final = (
 
 # -- control and the event log ------------------------------------------------------
 
-EVENT_CURSOR_LOCK: Final = "SELECT value FROM event_cursor WHERE id = 1 FOR UPDATE"
-"""Draw event seqs: the row lock is held to the commit (see 0001_initial.sql)."""
-EVENT_CURSOR_SET: Final = "UPDATE event_cursor SET value = %s WHERE id = 1"
+EVENT_CURSOR_DRAW: Final = "UPDATE event_cursor SET value = LAST_INSERT_ID(value + %s) WHERE id = 1"
+"""Draw ``n`` event seqs: the row lock is held to the commit (see 0001_initial.sql), and
+the last seq drawn comes back with the statement's result (``LAST_INSERT_ID``), without
+a round trip of its own."""
 EVENT_CURSOR: Final = "SELECT value FROM event_cursor WHERE id = 1"
 INSERT_EVENTS: Final = "INSERT INTO events (seq, task_seq, task_id, kind, status, at) VALUES "
 EVENT_ROW: Final = "(%s, %s, %s, %s, %s, %s)"
@@ -245,8 +246,14 @@ READ_EVENTS: Final = (
 FIRST_YOUNG_EVENT: Final = "SELECT seq FROM events WHERE at >= %s ORDER BY seq LIMIT 1"
 
 SUSPENSIONS: Final = "SELECT task_type, app_id FROM suspensions"
-CLAIM_GATE_SHARED: Final = "SELECT id FROM claim_gate WHERE id = 1 LOCK IN SHARE MODE"
-"""Taken by a claim before it reads the suspensions (see 0001_initial.sql)."""
+CLAIM_PRELUDE: Final = (
+    "SELECT NOW(6), s.created_at, s.task_type, s.app_id FROM claim_gate AS g"
+    " LEFT JOIN suspensions AS s"
+    " ON TRUE WHERE g.id = 1 LOCK IN SHARE MODE"
+)
+"""A claim's first statement: the store clock and the stored suspensions (one row per
+suspension, or one row whose ``created_at`` is NULL when there is none), read after
+share-locking the claim gate (see 0001_initial.sql), in one round trip."""
 CLAIM_GATE_EXCLUSIVE: Final = "SELECT id FROM claim_gate WHERE id = 1 FOR UPDATE"
 """Taken by a suspension before it is stored."""
 SUSPEND: Final = (

@@ -123,8 +123,8 @@ INSERT INTO claim_gate (id) VALUES (1) ON DUPLICATE KEY UPDATE id = id;
 -- seq is the readers' cursor and must grow in commit order: a reader that has seen seq
 -- N must never later find a smaller seq appear. AUTO_INCREMENT does not give that (a
 -- transaction draws a number, then commits after one that drew a larger one), so seqs
--- are drawn from the one row of event_cursor, locked (SELECT ... FOR UPDATE) by the
--- last statement before the events are inserted and held until commit: event writers
+-- are drawn from the one row of event_cursor, locked (UPDATE ... LAST_INSERT_ID(value +
+-- n)) by the statement before the events are inserted and held until commit: event writers
 -- are serialised from drawing their seqs to their commit, and seqs follow commit order.
 -- Events of deleted tasks stay until prune_events removes them by age; readers skip
 -- them (the join on the task's seq and id finds nothing).
