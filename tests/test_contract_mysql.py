@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
+from typing import Any
 
 import aiomysql
 import pytest
@@ -30,7 +31,7 @@ async def raw(url: str = MYSQL_URL) -> aiomysql.Connection:
     )
 
 
-async def fetch(sql: str, *args: object) -> list[tuple[object, ...]]:
+async def fetch(sql: str, *args: object) -> list[tuple[Any, ...]]:
     conn = await raw()
     try:
         async with conn.cursor() as cursor:
