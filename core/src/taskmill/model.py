@@ -14,6 +14,7 @@ from typing import Any, TypeAlias
 
 import attrs
 
+from taskmill import filters
 from taskmill.errors import InvalidTaskSpec
 
 JSON: TypeAlias = Any
@@ -205,17 +206,9 @@ class TaskFilter:
     created_before: datetime | None = attrs.field(default=None, validator=_utc)
 
     def matches(self, task: Task) -> bool:
-        """True when ``task`` is selected by this filter (the reference semantics)."""
-        return (
-            (self.app_id is None or task.app_id == self.app_id)
-            and (self.task_types is None or task.task_type in self.task_types)
-            and (self.statuses is None or task.status in self.statuses)
-            and (self.parent_id is None or task.parent_id == self.parent_id)
-            and (self.user_id is None or task.user_id == self.user_id)
-            and (self.dedupe_key is None or task.dedupe_key == self.dedupe_key)
-            and (self.created_after is None or task.created_at > self.created_after)
-            and (self.created_before is None or task.created_at < self.created_before)
-        )
+        """True when ``task`` is selected by this filter (the reference semantics,
+        :func:`taskmill.filters.matches`)."""
+        return filters.matches(self, task)
 
 
 @attrs.frozen
@@ -263,6 +256,26 @@ class ProgressSummary:
     completed: int = 0
     failed: int = 0
     cancelled: int = 0
+
+    @classmethod
+    def from_counts(cls, counts: Mapping[TaskStatus, int] | Mapping[str, int]) -> ProgressSummary:
+        """The summary of tasks counted by status (or by status value, as stored); a
+        status that is absent counts 0."""
+        by = {getattr(k, "value", k): n for k, n in counts.items()}
+        pending, running = by.get("pending", 0), by.get("running", 0)
+        completed, failed, cancelled = (
+            by.get("completed", 0),
+            by.get("failed", 0),
+            by.get("cancelled", 0),
+        )
+        return cls(
+            total=pending + running + completed + failed + cancelled,
+            pending=pending,
+            running=running,
+            completed=completed,
+            failed=failed,
+            cancelled=cancelled,
+        )
 
     @property
     def finished(self) -> int:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import math
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import cattrs
 
@@ -70,9 +71,9 @@ def dumps(value: JSON) -> str:
     return _ENCODER.encode(value)
 
 
-def loads(text: str) -> JSON:
-    """Parse JSON text produced by :func:`dumps`."""
-    return json.loads(text)
+loads: Final[Callable[[str], JSON]] = json.JSONDecoder().decode
+"""Parse JSON text produced by :func:`dumps` (one decoder, called without the wrapper
+of ``json.loads``: this is on every path that reads a task)."""
 
 
 def encode_params(params: Any, *, max_bytes: int) -> str:

@@ -35,6 +35,7 @@ from taskmill import tracebacks
 from taskmill.backoff import RetryPolicy
 from taskmill.context import Context
 from taskmill.errors import Cancelled, Detached, Fail, Retry, TaskmillError
+from taskmill.lifecycle import FINISHES, attempt_kind, finish_kind
 from taskmill.model import AttemptOutcome, CancelReason, Priority, Task, TaskStatus
 from taskmill.registry import Handler
 from taskmill.serialization import dumps
@@ -60,7 +61,6 @@ log = logging.getLogger("taskmill.worker")
 
 _NULL = dumps(None)
 _HIGH_PRIORITY = int(Priority.USER_ACTION)  # an int compares faster than the enum member
-_FAILURES = frozenset({FinishKind.RETRY, FinishKind.FAIL})
 _FAILED_OUTCOMES = frozenset({AttemptOutcome.FAILED, AttemptOutcome.TIMED_OUT})
 MAX_FINISH_BATCH = 500
 """The most outcomes one write carries; a backlog is written in several."""
@@ -606,13 +606,14 @@ class Worker:
             if not isinstance(exc, TaskmillError):  # taskmill's own frames say nothing
                 where = tracebacks.excerpt(exc)
         interrupted = ctx.cancel_reason
-        if interrupted is not None and not interrupted.terminal and kind in _FAILURES:
+        if interrupted is not None and not interrupted.terminal:
             # A handler that turned SHUTDOWN/SUSPENDED into another error is still
             # interrupted: it goes back without spending the attempt.
-            kind, outcome = FinishKind.RELEASE, AttemptOutcome.INTERRUPTED
+            kind = finish_kind(kind, stop_requested=True)
+            outcome = FINISHES[kind].outcome or outcome
         if kind is FinishKind.RETRY:
-            if task.attempts > task.max_retries:
-                kind = FinishKind.FAIL
+            kind = attempt_kind(kind, attempts=task.attempts, max_retries=task.max_retries)
+            if kind is FinishKind.FAIL:
                 error = f"{error} (gave up after {task.attempts} attempts)"
             elif retry_delay is None:
                 retry_delay = self.retry_policy.delay(task.attempts)

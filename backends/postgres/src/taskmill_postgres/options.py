@@ -17,6 +17,19 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import attrs
 from taskmill.errors import InvalidURL
+from taskmill.sql.urls import check_known_options, number_option, redact
+
+__all__ = [
+    "CONNECTION_PARAMETERS",
+    "OPTIONS",
+    "ParsedURL",
+    "PostgresOptions",
+    "channel_prefix",
+    "lock_key",
+    "parse_url",
+    "quote_ident",
+    "redact",
+]
 
 SCHEMES: Final = ("postgresql", "postgres")
 URL_FORM: Final = "postgresql://user:password@host:5432/database?schema=taskmill"
@@ -64,6 +77,10 @@ DEFAULT_SCHEMA: Final = "taskmill"
 _SCHEMA_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 
+def _number(name: str, value: Any, *, minimum: float, integer: bool) -> float:
+    return number_option("postgresql", name, value, minimum=minimum, integer=integer)
+
+
 @attrs.frozen
 class PostgresOptions:
     """Validated storage options (see :data:`OPTIONS`)."""
@@ -95,38 +112,14 @@ class ParsedURL:
         return f"{self.host}:{self.port}/{self.database} as user {self.user}"
 
 
-def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    userinfo = netloc[0].split(":", 1)[0] + ":***"
-    return urlunsplit(parts._replace(netloc=f"{userinfo}@{netloc[1]}"))
-
-
-def _number(name: str, value: Any, *, minimum: float, integer: bool) -> float:
-    try:
-        number = int(value) if integer else float(value)
-    except (TypeError, ValueError):
-        number = minimum - 1
-    if isinstance(value, bool) or not minimum <= number < 1e9:
-        kind = "a whole number" if integer else "a number of seconds"
-        raise InvalidURL(
-            f"postgresql:// option {name} must be {kind} >= {minimum:g}, got {value!r}"
-        )
-    return number
-
-
 def _options(raw: dict[str, Any]) -> PostgresOptions:
-    unknown = sorted(set(raw) - set(OPTIONS))
-    if unknown:
-        valid = "; ".join(f"{name}: {doc}" for name, doc in OPTIONS.items())
-        raise InvalidURL(
-            f"unknown postgresql:// option(s): {', '.join(unknown)}; valid options are: "
-            f"{valid}; libpq connection parameters ({', '.join(sorted(CONNECTION_PARAMETERS))}) "
-            "may also appear in the URL's query string"
-        )
+    check_known_options(
+        "postgresql",
+        raw,
+        OPTIONS,
+        also=f"; libpq connection parameters ({', '.join(sorted(CONNECTION_PARAMETERS))}) "
+        "may also appear in the URL's query string",
+    )
     schema = str(raw.get("schema", DEFAULT_SCHEMA))
     if not _SCHEMA_NAME.match(schema) or schema.lower().startswith("pg_"):
         raise InvalidURL(

@@ -6,26 +6,46 @@ order produces; the version in place is stored as ``schema_version`` in the sche
 own ``taskmill_meta`` table, so every schema of a database has its own version.
 
 The files use unqualified names: they run with ``search_path`` set to the taskmill
-schema alone. Every function here takes an open asyncpg connection.
+schema alone. Reading and applying them is :class:`taskmill.migrations.MigrationRunner`'s;
+this module gives it the schema (:class:`PostgresTarget`, whose lock is
+``pg_advisory_xact_lock`` keyed by the schema) and the PostgreSQL wording of its errors
+(:class:`PostgresMessages`). Every function here takes an open asyncpg connection.
 """
 
 from __future__ import annotations
 
 from functools import cache
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import asyncpg
+import attrs
 from asyncpg.pool import PoolConnectionProxy
 from taskmill.errors import SchemaVersionError, StorageUnavailable
-from taskmill.migrations import Migration, load_migrations
+from taskmill.migrations import (
+    META_TABLE,
+    VERSION_KEY,
+    Migration,
+    MigrationRunner,
+    load_migrations,
+    shown_tables,
+)
 
 from taskmill_postgres.options import lock_key, quote_ident
 
 Conn: TypeAlias = "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]"
 """A connection of its own or one borrowed from the pool."""
 
-META_TABLE = "taskmill_meta"
-VERSION_KEY = "schema_version"
+__all__ = [
+    "META_TABLE",
+    "PostgresMessages",
+    "PostgresTarget",
+    "apply_pending",
+    "check",
+    "latest_version",
+    "migrations",
+    "schema_tables",
+    "stored_version",
+]
 
 
 @cache
@@ -50,62 +70,111 @@ async def schema_tables(conn: Conn, schema: str) -> list[str]:
     return [str(r[0]) for r in rows]
 
 
-async def stored_version(conn: Conn, schema: str) -> int | None:
+@attrs.frozen
+class PostgresMessages:
+    """The schema errors of ``schema`` on the server ``where`` (never a password)."""
+
+    where: str
+    schema: str
+
+    def foreign(self, tables: list[str]) -> StorageUnavailable:
+        """A schema that holds someone else's tables."""
+        return StorageUnavailable(
+            f"the schema {self.schema} of {self.where} holds tables ({shown_tables(tables)}) "
+            f"but no {META_TABLE} table: it is not a taskmill schema, and taskmill will not "
+            "modify it. Choose another schema with ?schema=NAME"
+        )
+
+    def newer(self, stored: int, expected: int) -> SchemaVersionError:
+        """A schema written by a newer taskmill-postgres."""
+        return SchemaVersionError(
+            f"the schema {self.schema} of {self.where} has taskmill schema version {stored}, "
+            f"newer than the version {expected} this taskmill-postgres understands; upgrade "
+            "it (pip install --upgrade taskmill-postgres) to use it"
+        )
+
+    def older(self, url: str, stored: int, expected: int) -> SchemaVersionError:
+        """A schema that needs migrating; names the command (``url`` is shown as given:
+        pass it with its password replaced by ``***``)."""
+        hint = " (with the password in place of ***)" if ":***@" in url else ""
+        return SchemaVersionError(
+            f"the schema {self.schema} of {self.where} has taskmill schema version {stored} "
+            f"but this taskmill-postgres expects version {expected}; migrate it with: "
+            f"taskmill migrate --url {url}{hint}"
+        )
+
+    def damaged(self, value: Any) -> SchemaVersionError:
+        """A stored version that is not a number."""
+        return SchemaVersionError(
+            f"the taskmill schema version stored in schema {self.schema} is not a number "
+            f"({value!r}); the schema is damaged"
+        )
+
+
+@attrs.frozen
+class PostgresTarget:
+    """``schema`` through ``conn`` for the migration runner."""
+
+    conn: Conn
+    schema: str
+
+    async def lock(self) -> None:
+        """``pg_advisory_xact_lock`` keyed by the schema, held to the commit."""
+        await self.conn.execute(
+            "SELECT pg_advisory_xact_lock($1)", lock_key("migrate", self.schema)
+        )
+
+    async def tables(self) -> list[str]:
+        """The schema's tables (none when it does not exist)."""
+        return await schema_tables(self.conn, self.schema)
+
+    async def read_version(self) -> Any:
+        """The stored schema version's text, or None."""
+        return await self.conn.fetchval(
+            f"SELECT value FROM {quote_ident(self.schema)}.{META_TABLE} WHERE key = $1",
+            VERSION_KEY,
+        )
+
+    async def prepare(self) -> None:
+        """Create the schema when missing and make it the transaction's search path."""
+        quoted = quote_ident(self.schema)
+        await self.conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quoted}")
+        await self.conn.execute(f"SET LOCAL search_path TO {quoted}")
+
+    async def apply(self, migration: Migration) -> None:
+        """Run one file (unqualified names resolve in the schema)."""
+        await self.conn.execute(migration.sql)
+
+    async def record(self, version: int) -> None:
+        """Store ``version`` in the schema's meta table."""
+        await self.conn.execute(
+            f"INSERT INTO {quote_ident(self.schema)}.{META_TABLE} (key, value) VALUES ($1, $2) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            VERSION_KEY,
+            str(version),
+        )
+
+
+def runner(where: str, schema: str) -> MigrationRunner:
+    """The migration runner of ``schema`` on ``where``."""
+    return MigrationRunner(migrations(), PostgresMessages(where, schema))
+
+
+async def stored_version(conn: Conn, schema: str, where: str = "the server") -> int | None:
     """The schema version recorded in ``schema``.
 
     :returns: the version; 0 for a missing or empty schema; None when the schema holds
         tables but no taskmill schema (someone else's).
     :raises SchemaVersionError: ``taskmill_meta`` exists but holds no usable version.
     """
-    tables = await schema_tables(conn, schema)
-    if not tables:
-        return 0
-    if META_TABLE not in tables:
-        return None
-    value = await conn.fetchval(
-        f"SELECT value FROM {quote_ident(schema)}.{META_TABLE} WHERE key = $1", VERSION_KEY
-    )
-    if value is None:
-        return 0
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise SchemaVersionError(
-            f"the taskmill schema version stored in schema {schema} is not a number "
-            f"({value!r}); the schema is damaged"
-        ) from None
+    return await runner(where, schema).stored_version(PostgresTarget(conn, schema))
 
 
-def foreign_schema_error(where: str, schema: str, tables: list[str]) -> StorageUnavailable:
-    """The error for a schema that holds someone else's tables."""
-    shown = ", ".join(tables[:8]) + (", ..." if len(tables) > 8 else "")
-    return StorageUnavailable(
-        f"the schema {schema} of {where} holds tables ({shown}) but no {META_TABLE} table: "
-        "it is not a taskmill schema, and taskmill will not modify it. Choose another "
-        "schema with ?schema=NAME"
-    )
-
-
-def newer_version_error(where: str, schema: str, stored: int, expected: int) -> SchemaVersionError:
-    """The error for a schema written by a newer taskmill-postgres."""
-    return SchemaVersionError(
-        f"the schema {schema} of {where} has taskmill schema version {stored}, newer than "
-        f"the version {expected} this taskmill-postgres understands; upgrade it "
-        "(pip install --upgrade taskmill-postgres) to use it"
-    )
-
-
-def older_version_error(
-    where: str, schema: str, url: str, stored: int, expected: int
-) -> SchemaVersionError:
-    """The error for a schema that needs migrating; names the command (``url`` is
-    shown as given: pass it with its password replaced by ``***``)."""
-    hint = " (with the password in place of ***)" if ":***@" in url else ""
-    return SchemaVersionError(
-        f"the schema {schema} of {where} has taskmill schema version {stored} but this "
-        f"taskmill-postgres expects version {expected}; migrate it with: "
-        f"taskmill migrate --url {url}{hint}"
-    )
+async def check(conn: Conn, schema: str, where: str, url: str, *, auto_migrate: bool) -> int:
+    """The stored version, as opening a store may accept it (see
+    :meth:`MigrationRunner.check`; ``url`` with its password redacted)."""
+    target = PostgresTarget(conn, schema)
+    return await runner(where, schema).check(target, url=url, auto_migrate=auto_migrate)
 
 
 async def apply_pending(conn: Conn, schema: str, where: str, *, up_to: int | None = None) -> int:
@@ -120,27 +189,5 @@ async def apply_pending(conn: Conn, schema: str, where: str, *, up_to: int | Non
     :raises SchemaVersionError: the stored version is newer than this code.
     :raises StorageUnavailable: the schema holds someone else's tables.
     """
-    expected = latest_version() if up_to is None else up_to
-    quoted = quote_ident(schema)
     async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key("migrate", schema))
-        version = await stored_version(conn, schema)
-        if version is None:
-            raise foreign_schema_error(where, schema, await schema_tables(conn, schema))
-        if version > latest_version():
-            raise newer_version_error(where, schema, version, latest_version())
-        pending = migrations()[version:expected]
-        if not pending:
-            return version
-        await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quoted}")
-        await conn.execute(f"SET LOCAL search_path TO {quoted}")
-        for migration in pending:
-            await conn.execute(migration.sql)
-            await conn.execute(
-                f"INSERT INTO {quoted}.{META_TABLE} (key, value) VALUES ($1, $2) "
-                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                VERSION_KEY,
-                str(migration.version),
-            )
-            version = migration.version
-    return version
+        return await runner(where, schema).apply_pending(PostgresTarget(conn, schema), up_to=up_to)

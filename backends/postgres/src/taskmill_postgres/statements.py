@@ -26,20 +26,34 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 import attrs
+from taskmill.lifecycle import (
+    CANCELLATION,
+    DEFAULT_CANCEL_REASON,
+    FINISHES,
+    RESCUE_ERROR,
+    RESCUES,
+    TERMINAL_EVENTS,
+    RescueCase,
+)
 from taskmill.model import TaskFilter
+from taskmill.sql.filters import Dialect, translate
+from taskmill.sql.lifecycle import (
+    PROGRESS_COLUMNS,
+    Sources,
+    event_sql,
+    literal,
+    outcome_sql,
+    rescue_case_sql,
+    set_clause,
+    stop_release_sql,
+    transition_cases,
+)
+from taskmill.sql.rows import TASK_COLUMN_NAMES
 from taskmill.storage import ClaimRequest
 
 from taskmill_postgres.options import quote_ident
 
-TASK_COLUMN_NAMES: Final = (
-    "seq", "id", "task_type", "status", "created_at", "run_at", "updated_at", "app_id",
-    "params", "data", "priority", "attempts", "max_retries", "result", "error",
-    "progress_done", "progress_total", "progress_message", "dedupe_key", "alias_of",
-    "parent_id", "user_id", "cancel_reason", "started_at", "finished_at", "worker_id",
-    "lease_expires_at",
-)  # fmt: skip
-"""The columns of a task snapshot, in the order :func:`taskmill_postgres.rows.task`
-reads them."""
+__all__ = ["TASK_COLUMNS", "TASK_COLUMN_NAMES", "ClaimShape", "Statements", "filter_sql"]
 
 
 def columns(alias: str) -> str:
@@ -82,10 +96,7 @@ def batch(arrays: str, columns: str) -> str:
     )
 
 
-_RELEASED_KIND: Final = (
-    "(CASE WHEN v.kind IN ('retry', 'fail') AND t.cancel_reason IS NOT NULL "
-    "THEN 'release' ELSE v.kind END)"
-)
+_RELEASED_KIND: Final = stop_release_sql("v.kind", "t.cancel_reason")
 """A finish's effective kind: a RETRY or FAIL of a task asked to stop (suspension,
 shutdown) is a RELEASE. Evaluated against the row before the update."""
 
@@ -109,12 +120,61 @@ def gate(changed: str, lock: int, notifies: Sequence[str], also: str | None = No
     )
 
 
-_FINISH_EVENT: Final = (
-    "CASE WHEN d.status <> 'pending' THEN d.status WHEN d.released THEN 'requeued'"
-    " ELSE 'retrying' END"
+_FINISH_EVENT: Final = event_sql(FINISHES.values(), status="d.status", released="d.released")
+"""The event kind of a finish: by the new status, and whether the attempt was given back
+(a release)."""
+
+_FINISH_COLUMNS: Final = (
+    "status", "attempts", "run_at", "finished_at", "result", "error", "cancel_reason",
+    *PROGRESS_COLUMNS,
+)  # fmt: skip
+_FINISH_SETS: Final = transition_cases(
+    _RELEASED_KIND,
+    FINISHES,
+    {kind: kind.value for kind in FINISHES},
+    dict.fromkeys(
+        FINISHES,
+        Sources(
+            now="now()",
+            later="now() + v.retry_in * interval '1 second'",
+            result="v.result::json",
+            error="v.error",
+            cancel_reason=f"coalesce(v.reason, {literal(DEFAULT_CANCEL_REASON.value)})",
+            table="t",
+        ),
+    ),
+    {
+        **{c: f"t.{c}" for c in _FINISH_COLUMNS},
+        # A terminal finish keeps the attempt's last progress (a requeue resets it).
+        "progress_done": "CASE WHEN v.has_progress THEN v.done ELSE t.progress_done END",
+        "progress_total": "CASE WHEN v.has_progress THEN v.total ELSE t.progress_total END",
+        "progress_message": "CASE WHEN v.has_progress THEN v.message ELSE t.progress_message END",
+    },
+    _FINISH_COLUMNS,
 )
-"""The event kind of a finish: the terminal status, or RETRYING / REQUEUED (a release
-gives the attempt back)."""
+"""The SET list of the finish statement, every kind's transition in one CASE per
+column (see :mod:`taskmill.sql.lifecycle`)."""
+
+_RESCUE_COLUMNS: Final = (
+    "status", "attempts", "run_at", "error", "cancel_reason", "finished_at", *PROGRESS_COLUMNS,
+)  # fmt: skip
+_RESCUE_SETS: Final = transition_cases(
+    rescue_case_sql("e.cancel_reason", "t.attempts", "t.max_retries"),
+    RESCUES,
+    {case: case.value for case in RescueCase},
+    dict.fromkeys(RESCUES, Sources(now="now()", error=literal(RESCUE_ERROR), table="t")),
+    {c: f"t.{c}" for c in _RESCUE_COLUMNS},
+    _RESCUE_COLUMNS,
+)
+"""The SET list of the rescue statement (``e``: the expired rows as locked)."""
+_RESCUE_EVENT: Final = event_sql(RESCUES.values(), status="r.status", released=None)
+_LOST: Final = literal(next(iter({str(t.outcome.value) for t in RESCUES.values() if t.outcome})))
+"""The outcome every rescue logs."""
+assert CANCELLATION.outcome is not None
+_CANCELLED_OUTCOME: Final = CANCELLATION.outcome.value
+_TERMINAL: Final = ", ".join(literal(s.value) for s in TERMINAL_EVENTS)
+"""The terminal statuses, in which a dedupe leader settles its aliases."""
+_CANCELLATION_SET: Final = set_clause(CANCELLATION, Sources(now="now()", cancel_reason="$1"))
 
 
 @attrs.frozen
@@ -195,7 +255,8 @@ class Statements:
         )
 
         # -- finishing ------------------------------------------------------------------------
-        k = _RELEASED_KIND
+        finish_sets = ", ".join(f"{c} = {e}" for c, e in _FINISH_SETS.items())
+        logged = outcome_sql(FINISHES.values(), released="d.released", reported="d.outcome")
         requeued = f"(SELECT {notify(18, 'work')} FROM done WHERE status = 'pending' LIMIT 1)"
         finish_batch = batch(
             "$1::text[], $2::text[], $3::integer[], $4::text[], $5::text[], $6::float8[],"
@@ -206,28 +267,9 @@ class Statements:
         )
         self.finish = (
             f"WITH {finish_batch},"
-            f" done AS (UPDATE {s}.tasks AS t SET"
-            f" status = CASE {k} WHEN 'complete' THEN 'completed' WHEN 'fail' THEN 'failed'"
-            " WHEN 'cancel' THEN 'cancelled' ELSE 'pending' END,"
-            f" attempts = CASE WHEN {k} = 'release' THEN t.attempts - 1 ELSE t.attempts END,"
-            f" run_at = CASE {k} WHEN 'retry' THEN now() + v.retry_in * interval '1 second'"
-            " WHEN 'release' THEN now() ELSE t.run_at END,"
-            f" finished_at = CASE WHEN {k} IN ('complete', 'fail', 'cancel') THEN now()"
-            " ELSE t.finished_at END,"
-            f" result = CASE WHEN {k} = 'complete' THEN v.result::json ELSE t.result END,"
-            f" error = CASE {k} WHEN 'complete' THEN NULL WHEN 'release' THEN t.error"
-            " ELSE v.error END,"
-            f" cancel_reason = CASE {k} WHEN 'cancel' THEN coalesce(v.reason, 'user')"
-            " WHEN 'complete' THEN NULL WHEN 'release' THEN NULL ELSE t.cancel_reason END,"
+            f" done AS (UPDATE {s}.tasks AS t SET {finish_sets},"
             " updated_at = now(), worker_id = NULL, lease_expires_at = NULL,"
-            " data = coalesce(v.data::json, t.data),"
-            # A requeued task (retry, release) starts its next attempt with no progress.
-            f" progress_done = CASE WHEN {k} IN ('retry', 'release') THEN 0"
-            " WHEN v.has_progress THEN v.done ELSE t.progress_done END,"
-            f" progress_total = CASE WHEN {k} IN ('retry', 'release') THEN NULL"
-            " WHEN v.has_progress THEN v.total ELSE t.progress_total END,"
-            f" progress_message = CASE WHEN {k} IN ('retry', 'release') THEN NULL"
-            " WHEN v.has_progress THEN v.message ELSE t.progress_message END"
+            " data = coalesce(v.data::json, t.data)"
             f" FROM v WHERE {FENCE}"
             f" RETURNING {columns('t')}, v.ord, t.attempts < v.attempt AS released,"
             " v.attempt, v.worker_id AS lease_worker, v.started_at AS attempt_started,"
@@ -236,8 +278,8 @@ class Statements:
             " finished_at, outcome, error)"
             " SELECT d.seq, d.attempt, d.lease_worker, d.attempt_started, d.attempt_finished,"
             " o.outcome, CASE WHEN o.outcome = 'completed' THEN NULL ELSE d.attempt_error END"
-            " FROM done AS d CROSS JOIN LATERAL (SELECT CASE WHEN d.released"
-            " THEN 'interrupted' ELSE d.outcome END AS outcome) AS o ORDER BY d.ord),"
+            f" FROM done AS d CROSS JOIN LATERAL (SELECT {logged} AS outcome) AS o"
+            " ORDER BY d.ord),"
             f" {self._aliases_of('done')},"
             f" {gate('done', 17, [notify(18, 'events'), requeued], also='al')},"
             f" {self._events_of(f'SELECT d.seq, {_FINISH_EVENT}, d.status, d.ord FROM done AS d')}"
@@ -300,36 +342,14 @@ class Statements:
         )
 
         # -- rescue -------------------------------------------------------------------------
-        rescued = (
-            "SELECT r.seq, CASE WHEN r.status = 'pending' THEN 'requeued' ELSE r.status END,"
-            " r.status, r.seq FROM r"
-        )
-        terminal_reason = "e.cancel_reason IN ('user', 'preempted')"
-        stop_reason = "e.cancel_reason IN ('suspended', 'shutdown')"
-        requeue = (
-            f"NOT coalesce({terminal_reason}, false)"
-            f" AND ({stop_reason} OR t.attempts < t.max_retries + 1)"
-        )
+        rescued = f"SELECT r.seq, {_RESCUE_EVENT}, r.status, r.seq FROM r"
+        rescue_sets = ", ".join(f"{c} = {e}" for c, e in _RESCUE_SETS.items())
         self.rescue = (
             "WITH e AS MATERIALIZED (SELECT seq, worker_id, attempts, started_at,"
             f" cancel_reason FROM {s}.tasks WHERE status = 'running'"
             " AND lease_expires_at <= now() ORDER BY lease_expires_at LIMIT $1"
             " FOR UPDATE SKIP LOCKED),"
-            f" r AS (UPDATE {s}.tasks AS t SET"
-            f" status = CASE WHEN {terminal_reason} THEN 'cancelled'"
-            f" WHEN {stop_reason} THEN 'pending'"
-            " WHEN t.attempts < t.max_retries + 1 THEN 'pending' ELSE 'failed' END,"
-            f" attempts = CASE WHEN {stop_reason} THEN t.attempts - 1 ELSE t.attempts END,"
-            f" run_at = CASE WHEN {terminal_reason} THEN t.run_at"
-            f" WHEN {stop_reason} OR t.attempts < t.max_retries + 1 THEN now()"
-            " ELSE t.run_at END,"
-            f" error = CASE WHEN e.cancel_reason IS NULL THEN 'lease expired' ELSE t.error END,"
-            f" cancel_reason = CASE WHEN {stop_reason} THEN NULL ELSE t.cancel_reason END,"
-            f" finished_at = CASE WHEN {terminal_reason} OR (e.cancel_reason IS NULL"
-            " AND t.attempts >= t.max_retries + 1) THEN now() ELSE NULL END,"
-            f" progress_done = CASE WHEN {requeue} THEN 0 ELSE t.progress_done END,"
-            f" progress_total = CASE WHEN {requeue} THEN NULL ELSE t.progress_total END,"
-            f" progress_message = CASE WHEN {requeue} THEN NULL ELSE t.progress_message END,"
+            f" r AS (UPDATE {s}.tasks AS t SET {rescue_sets},"
             " updated_at = now(), worker_id = NULL, lease_expires_at = NULL"
             " FROM e WHERE t.seq = e.seq"
             f" RETURNING {columns('t')}, e.worker_id AS lost_worker, e.attempts AS lost_attempt,"
@@ -337,7 +357,7 @@ class Statements:
             f" log AS (INSERT INTO {s}.attempts (task_seq, number, worker_id, started_at,"
             " finished_at, outcome, error)"
             " SELECT r.seq, r.lost_attempt, coalesce(r.lost_worker, ''),"
-            " coalesce(r.lost_started, now()), now(), 'lost', 'lease expired'"
+            f" coalesce(r.lost_started, now()), now(), {_LOST}, {literal(RESCUE_ERROR)}"
             " FROM r ORDER BY r.seq),"
             f" {self._aliases_of('r')},"
             f" {gate('r', 2, [notify(3, 'work'), notify(3, 'events')], also='al')},"
@@ -397,8 +417,7 @@ class Statements:
             f" FROM {s}.tasks WHERE id = ANY($1::text[]) AND {ACTIVE} ORDER BY seq FOR UPDATE"
         )
         self.cancel = (
-            f"UPDATE {s}.tasks SET status = 'cancelled', cancel_reason = $1,"
-            " finished_at = now(), updated_at = now(), worker_id = NULL,"
+            f"UPDATE {s}.tasks SET {_CANCELLATION_SET}, updated_at = now(), worker_id = NULL,"
             f" lease_expires_at = NULL WHERE id = ANY($2::text[]) AND {ACTIVE}"
             f" RETURNING {TASK_COLUMNS}"
         )
@@ -410,9 +429,9 @@ class Statements:
         self.log_cancelled = (
             f"INSERT INTO {s}.attempts (task_seq, number, worker_id, started_at, finished_at,"
             " outcome, error) SELECT a.seq, a.number, a.worker_id, coalesce(a.started, now()),"
-            " now(), 'cancelled', $5 FROM unnest($1::bigint[], $2::integer[], $3::text[],"
-            " $4::timestamptz[]) WITH ORDINALITY AS a(seq, number, worker_id, started, ord)"
-            " ORDER BY a.ord"
+            f" now(), {literal(_CANCELLED_OUTCOME)}, $5 FROM unnest($1::bigint[], $2::integer[],"
+            " $3::text[], $4::timestamptz[]) WITH ORDINALITY"
+            " AS a(seq, number, worker_id, started, ord) ORDER BY a.ord"
         )
         """Log the attempts of running tasks a terminal cancel interrupted."""
         self.suspend = (
@@ -462,7 +481,7 @@ class Statements:
             f"al AS MATERIALIZED (SELECT s.alias_seq, s.leader_seq FROM"
             f" (SELECT array_agg(c.seq) AS seqs FROM {changed} AS c"
             " WHERE c.dedupe_key IS NOT NULL AND c.alias_of IS NULL"
-            " AND c.status IN ('completed', 'failed', 'cancelled') HAVING count(*) > 0) AS x"
+            f" AND c.status IN ({_TERMINAL}) HAVING count(*) > 0) AS x"
             f" CROSS JOIN LATERAL {self.quoted}.settle_aliases(x.seqs) AS s)"
         )
 
@@ -599,31 +618,14 @@ class Statements:
         return self.claim(shape), args
 
 
+DIALECT: Final = Dialect(
+    placeholder=lambda n, sql_type: f"${n}::{sql_type}", arrays=True, timestamp=lambda at: at
+)
+"""PostgreSQL for :func:`taskmill.sql.filters.translate` (asyncpg binds datetimes)."""
+
+
 def filter_sql(f: TaskFilter, first: int = 1) -> tuple[str, list[Any]]:
     """A boolean SQL expression selecting what ``f`` selects ("true" for everything),
     with its arguments numbered from ``$first``."""
-    clauses: list[str] = []
-    args: list[Any] = []
-
-    def arg(value: Any, cast: str) -> str:
-        args.append(value)
-        return f"${first + len(args) - 1}::{cast}"
-
-    if f.app_id is not None:
-        clauses.append(f"app_id = {arg(f.app_id, 'text')}")
-    if f.task_types is not None:
-        clauses.append(f"task_type = ANY({arg(list(f.task_types), 'text[]')})")
-    if f.statuses is not None:
-        clauses.append(f"status = ANY({arg([s.value for s in f.statuses], 'text[]')})")
-    for column, value in (
-        ("parent_id", f.parent_id),
-        ("user_id", f.user_id),
-        ("dedupe_key", f.dedupe_key),
-    ):
-        if value is not None:
-            clauses.append(f"{column} = {arg(value, 'text')}")
-    if f.created_after is not None:
-        clauses.append(f"created_at > {arg(f.created_after, 'timestamptz')}")
-    if f.created_before is not None:
-        clauses.append(f"created_at < {arg(f.created_before, 'timestamptz')}")
-    return (" AND ".join(clauses) if clauses else "true"), args
+    selected = translate(f, DIALECT, first=first)
+    return selected.expression, selected.args

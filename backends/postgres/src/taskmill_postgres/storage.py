@@ -36,13 +36,23 @@ import asyncpg
 import attrs
 from taskmill.errors import (
     InvalidTaskSpec,
-    InvalidTransition,
     StorageUnavailable,
     TaskNotFound,
+)
+from taskmill.lifecycle import (
+    CANCELLATION,
+    REDRIVE_EVENT,
+    cancel_error,
+    cancel_targets,
+    check_redrive,
+    enqueued,
+    key_taken,
+    settles_aliases,
 )
 from taskmill.model import (
     Attempt,
     CancelReason,
+    EventKind,
     ProgressSummary,
     SuspensionScope,
     Task,
@@ -115,6 +125,9 @@ _FINISH_KIND: Final = {
 }
 _NO_PROGRESS: Final = (False, None, None, None)
 _CLEANED_BY_DEFAULT: Final = frozenset({TaskStatus.COMPLETED, TaskStatus.CANCELLED})
+
+_CANCELLED: Final = CANCELLATION.event.value
+_CANCEL_REQUESTED: Final = EventKind.CANCEL_REQUESTED.value
 
 
 class _Events:
@@ -334,16 +347,9 @@ class PostgresStorage(TaskStorage):
 
     async def _check_schema(self, conn: Conn, auto_migrate: bool) -> None:
         name = self.schema
-        tables = await schema.schema_tables(conn, name)
-        version = await schema.stored_version(conn, name)
-        if version is None:
-            raise schema.foreign_schema_error(self.where, name, tables)
-        expected = schema.latest_version()
-        if version > expected:
-            raise schema.newer_version_error(self.where, name, version, expected)
-        if version < expected and tables and not auto_migrate:
-            raise schema.older_version_error(self.where, name, redact(self.url), version, expected)
-        if version < expected:
+        url = redact(self.url)
+        version = await schema.check(conn, name, self.where, url, auto_migrate=auto_migrate)
+        if version < schema.latest_version():
             await schema.apply_pending(conn, name, self.where)
 
     async def close(self) -> None:
@@ -506,29 +512,10 @@ class PostgresStorage(TaskStorage):
         row = await self._run(insert)
         now: datetime = row[0]
         leaders = dict(zip(row[1] or (), row[2] or (), strict=True))
-        pending = TaskStatus.PENDING
-        loads = rows.loads
         stored: list[Task] = []
         for new in tasks:
             run_at = now if new.run_at is None else new.run_at.astimezone(UTC)
-            stored.append(
-                Task(
-                    id=new.id,
-                    task_type=new.task_type,
-                    status=pending,
-                    created_at=now,
-                    run_at=run_at,
-                    updated_at=now,
-                    app_id=new.app_id,
-                    params=loads(new.params_json),
-                    priority=int(new.priority),
-                    max_retries=new.max_retries,
-                    dedupe_key=new.dedupe_key,
-                    alias_of=leaders.get(new.id),
-                    parent_id=new.parent_id,
-                    user_id=new.user_id,
-                )
-            )
+            stored.append(enqueued(new, now=now, run_at=run_at, alias_of=leaders.get(new.id)))
         return stored
 
     async def claim_batch(self, request: ClaimRequest) -> list[Task]:
@@ -673,27 +660,20 @@ class PostgresStorage(TaskStorage):
             if found is None:
                 raise TaskNotFound(f"no task {task_id}")
             seq, status, alias_of, app_id, task_type, dedupe_key = found
-            if status not in ("failed", "cancelled"):
-                raise InvalidTransition(
-                    f"task {task_id} is {status}; only failed or cancelled tasks can be retried"
-                )
-            if alias_of is not None:
-                raise InvalidTransition(
-                    f"task {task_id} is an alias of {alias_of}; retry the leader"
-                )
+            check_redrive(task_id, rows.STATUS[status], alias_of)
             if dedupe_key is not None:
                 leader = await conn.fetchval(self.sql.find_leader, app_id, task_type, dedupe_key)
                 if leader is not None:
-                    raise _leader_active(task_id, leader, dedupe_key)
+                    raise key_taken(task_id, leader, dedupe_key)
             try:
                 async with conn.transaction():  # a savepoint: the unique index may refuse
                     row = await conn.fetchrow(self.sql.redrive, seq)
                     assert row is not None  # the row is locked: it exists
             except asyncpg.exceptions.UniqueViolationError:
                 leader = await conn.fetchval(self.sql.find_leader, app_id, task_type, dedupe_key)
-                raise _leader_active(task_id, leader, dedupe_key) from None
+                raise key_taken(task_id, str(leader), dedupe_key) from None
             events = _Events()
-            events.add(seq, "requeued", "pending")
+            events.add(seq, REDRIVE_EVENT.value, "pending")
             await self._append_events(conn, events, [StoreChange.WORK])
             return rows.task(row)
 
@@ -744,17 +724,7 @@ class PostgresStorage(TaskStorage):
             return list(await conn.fetch(sql, *args))
 
         counts = {r[0]: r[1] for r in await self._run(summarize)}
-        pending, running = counts.get("pending", 0), counts.get("running", 0)
-        completed, failed = counts.get("completed", 0), counts.get("failed", 0)
-        cancelled = counts.get("cancelled", 0)
-        return ProgressSummary(
-            total=pending + running + completed + failed + cancelled,
-            pending=pending,
-            running=running,
-            completed=completed,
-            failed=failed,
-            cancelled=cancelled,
-        )
+        return ProgressSummary.from_counts(counts)
 
     async def attempts(self, task_id: str) -> list[Attempt]:
         """The execution log of one task in insertion order (empty for an unknown id)."""
@@ -861,22 +831,11 @@ class PostgresStorage(TaskStorage):
                 *args,
             )
             order.update((r[0], None) for r in found)
-        if cascade:
-            # Through every child, finished ones too (their own children may be
-            # active); `order` doubles as the visited set, so even a cycle ends.
-            level = list(order)
-            while level:
-                children: dict[str, list[str]] = {}
-                for child, parent in await conn.fetch(self.sql.children, level):
-                    children.setdefault(parent, []).append(child)
-                found_now: list[str] = []
-                for parent in level:
-                    for child in children.get(parent, ()):
-                        if child not in order:
-                            order[child] = None
-                            found_now.append(child)
-                level = found_now
-        return list(order)
+
+        async def children_of(level: list[str]) -> list[tuple[str, str]]:
+            return [(r[0], r[1]) for r in await conn.fetch(self.sql.children, level)]
+
+        return await cancel_targets(order, children_of if cascade else None)
 
     async def _request_stop(
         self, conn: Conn, targets: list[str], reason: CancelReason
@@ -888,7 +847,7 @@ class PostgresStorage(TaskStorage):
         changed = [found[i] for i in targets if i in found]
         events = _Events()
         for row in changed:
-            events.add(row[rows.SEQ], "cancel_requested", "running")
+            events.add(row[rows.SEQ], _CANCEL_REQUESTED, "running")
         await self._append_events(conn, events, [StoreChange.CONTROL])
         return [rows.task(r) for r in changed]
 
@@ -907,7 +866,9 @@ class PostgresStorage(TaskStorage):
         leaders = [
             r
             for r in cancelled.values()
-            if r[rows.DEDUPE_KEY] is not None and r[rows.ALIAS_OF] is None
+            if settles_aliases(
+                rows.STATUS[r[rows.STATUS_COL]], r[rows.DEDUPE_KEY], r[rows.ALIAS_OF]
+            )
         ]
         events = _Events()
         aliases = await self._settle_aliases(conn, leaders)
@@ -919,11 +880,11 @@ class PostgresStorage(TaskStorage):
                 continue
             done.add(task_id)
             changed.append(row)
-            events.add(row[rows.SEQ], "cancelled", "cancelled")
+            events.add(row[rows.SEQ], _CANCELLED, "cancelled")
             for alias in aliases.get(row[rows.SEQ], ()):
                 done.add(alias[rows.ID])
                 changed.append(alias)
-                events.add(alias[rows.SEQ], "cancelled", "cancelled")
+                events.add(alias[rows.SEQ], _CANCELLED, "cancelled")
         running = [r for r in active if r["status"] == "running"]
         if running:
             await conn.execute(
@@ -932,7 +893,7 @@ class PostgresStorage(TaskStorage):
                 [r["attempts"] for r in running],
                 [r["worker_id"] or "" for r in running],
                 [r["started_at"] for r in running],
-                f"cancelled ({reason.value})",
+                cancel_error(reason),
             )
         await self._append_events(conn, events, [StoreChange.CONTROL] if running else [])
         return [rows.task(r) for r in changed]
@@ -1074,13 +1035,6 @@ class PostgresStorage(TaskStorage):
             return list(await conn.fetch(self.registration_sql.select))
 
         return from_rows(await self._run(read))
-
-
-def _leader_active(task_id: str, leader: str | None, dedupe_key: str | None) -> InvalidTransition:
-    return InvalidTransition(
-        f"task {task_id} cannot be retried: task {leader} is already active for dedupe "
-        f"key {dedupe_key!r}"
-    )
 
 
 def _lease_arrays(leases: Sequence[Lease]) -> tuple[list[str], list[str], list[int]]:

@@ -19,7 +19,28 @@ from typing import Any, Self
 
 import attrs
 
-from taskmill.errors import InvalidTransition, InvalidURL, StorageUnavailable, TaskNotFound
+from taskmill.errors import InvalidURL, StorageUnavailable, TaskNotFound
+from taskmill.lifecycle import (
+    CANCELLATION,
+    DEFAULT_CANCEL_REASON,
+    FINISHES,
+    REDRIVE_EVENT,
+    RESCUE_ERROR,
+    RESCUES,
+    TERMINAL_EVENTS,
+    TransitionPlan,
+    cancel_error,
+    cancel_targets,
+    check_redrive,
+    enqueued,
+    finish_kind,
+    key_taken,
+    plan,
+    rescue_case,
+    settle_alias,
+    settles_aliases,
+)
+from taskmill.migrations import run_sync
 from taskmill.model import (
     NO_PROGRESS,
     Attempt,
@@ -51,11 +72,11 @@ from taskmill.storage import (
 
 _PENDING = TaskStatus.PENDING
 _RUNNING = TaskStatus.RUNNING
-_TERMINAL_EVENT = {
-    TaskStatus.COMPLETED: EventKind.COMPLETED,
-    TaskStatus.FAILED: EventKind.FAILED,
-    TaskStatus.CANCELLED: EventKind.CANCELLED,
-}
+assert CANCELLATION.outcome is not None
+CANCELLED_OUTCOME = CANCELLATION.outcome
+_FINISH_PLANS = {kind: plan(t) for kind, t in FINISHES.items()}
+_RESCUE_PLANS = {case: plan(t) for case, t in RESCUES.items()}
+_CANCEL_PLAN = plan(CANCELLATION)
 _NO_RESULT = (None, "null")  # most handlers return None: skip parsing it
 QueueKey = tuple[str | None, str]
 _ReadyEntry = tuple[int, int, str]  # (-priority, seq, task id)
@@ -160,22 +181,7 @@ class MemoryStorage(TaskStorage):
                 alias_of = self._leaders.get(scope)
                 if alias_of is None:
                     self._leaders[scope] = new.id
-            task = Task(
-                id=new.id,
-                task_type=new.task_type,
-                status=_PENDING,
-                created_at=now,
-                run_at=new.run_at or now,
-                updated_at=now,
-                app_id=new.app_id,
-                params=loads(new.params_json),
-                priority=new.priority,
-                max_retries=new.max_retries,
-                dedupe_key=new.dedupe_key,
-                alias_of=alias_of,
-                parent_id=new.parent_id,
-                user_id=new.user_id,
-            )
+            task = enqueued(new, now=now, run_at=new.run_at or now, alias_of=alias_of)
             self._tasks[task.id] = task
             self._seq[task.id] = self._next_seq
             self._next_seq += 1
@@ -275,55 +281,27 @@ class MemoryStorage(TaskStorage):
         )
         self._log[attempt.task_id] = (*self._log.get(attempt.task_id, ()), row)
 
-    def _settle(
-        self,
-        task: Task,
-        status: TaskStatus,
-        now_ts: float,
-        *,
-        attempts: int | None = None,
-        run_at: datetime | None = None,
-        pending_kind: EventKind = EventKind.REQUEUED,
-        **changes: Any,
-    ) -> Task:
+    def _settle(self, task: Task, plan: TransitionPlan, now_ts: float, **values: Any) -> Task:
         """Write a transition out of RUNNING (or PENDING) and follow its consequences:
         requeue, free the dedupe key, settle the aliases, and record the events."""
         now = from_timestamp(now_ts)
-        if status.terminal:
-            changes["finished_at"] = now
-        elif status is _PENDING:
-            changes["progress"] = NO_PROGRESS  # the next attempt starts from nothing
-        task = task.evolve(
-            status=status,
-            attempts=task.attempts if attempts is None else attempts,
-            run_at=run_at or task.run_at,
-            updated_at=now,
-            worker_id=None,
-            lease_expires_at=None,
-            **changes,
-        )
+        task = plan.apply(task, now, **values)
         self._tasks[task.id] = task
         self._running.discard(task.id)
-        kind = pending_kind if status is _PENDING else _TERMINAL_EVENT[status]
-        self._emit(kind, task, now_ts)
-        if status is _PENDING:
+        self._emit(plan.transition.event, task, now_ts)
+        if plan.requeues:
             self._queue(task, now_ts)
         elif task.dedupe_key is not None:
             scope = (task.app_id, task.task_type, task.dedupe_key)
             if self._leaders.get(scope) == task.id:
                 del self._leaders[scope]
-            for alias_id in self._aliases.pop(task.id, ()):
-                alias = self._tasks.get(alias_id)
-                if alias is not None and alias.status is _PENDING:
-                    alias = self._tasks[alias_id] = alias.evolve(
-                        status=status,
-                        result=task.result,
-                        error=task.error,
-                        cancel_reason=task.cancel_reason,
-                        finished_at=now,
-                        updated_at=now,
-                    )
-                    self._emit(kind, alias, now_ts)
+            if settles_aliases(task.status, task.dedupe_key, task.alias_of):
+                kind = TERMINAL_EVENTS[task.status]
+                for alias_id in self._aliases.pop(task.id, ()):
+                    alias = self._tasks.get(alias_id)
+                    if alias is not None and alias.status is _PENDING:
+                        alias = self._tasks[alias_id] = settle_alias(alias, task, now)
+                        self._emit(kind, alias, now_ts)
         return task
 
     async def finish_batch(self, finishes: Sequence[Finish]) -> list[Task | None]:
@@ -336,59 +314,28 @@ class MemoryStorage(TaskStorage):
                 results.append(None)
                 continue
             kind = finish.kind
-            requested = task.cancel_reason
-            if requested is not None and kind in (FinishKind.RETRY, FinishKind.FAIL):
-                kind = FinishKind.RELEASE
+            if task.cancel_reason is not None:
+                kind = finish_kind(kind, stop_requested=True)
+            chosen = _FINISH_PLANS[kind]
             extra: dict[str, Any] = {}
             if finish.data is not None:
                 extra["data"] = finish.data
             if finish.progress is not None:
                 extra["progress"] = finish.progress
-            outcome = finish.outcome
             if kind is FinishKind.COMPLETE:
                 result_json = finish.result_json
-                result = None if result_json in _NO_RESULT else loads(result_json)
-                task = self._settle(
-                    task,
-                    TaskStatus.COMPLETED,
-                    now_ts,
-                    result=result,
-                    error=None,
-                    cancel_reason=None,
-                    **extra,
-                )
+                extra["result"] = None if result_json in _NO_RESULT else loads(result_json)
             elif kind is FinishKind.RETRY:
-                task = self._settle(
-                    task,
-                    _PENDING,
-                    now_ts,
-                    run_at=from_timestamp(now_ts + finish.retry_in),
-                    pending_kind=EventKind.RETRYING,
-                    error=finish.error,
-                    **extra,
-                )
-            elif kind is FinishKind.FAIL:
-                task = self._settle(task, TaskStatus.FAILED, now_ts, error=finish.error, **extra)
-            elif kind is FinishKind.RELEASE:
-                outcome = AttemptOutcome.INTERRUPTED
-                task = self._settle(
-                    task,
-                    _PENDING,
-                    now_ts,
-                    attempts=task.attempts - 1,
-                    run_at=from_timestamp(now_ts),
-                    cancel_reason=None,
-                    **extra,
-                )
-            else:
-                task = self._settle(
-                    task,
-                    TaskStatus.CANCELLED,
-                    now_ts,
-                    cancel_reason=finish.cancel_reason or CancelReason.USER,
-                    error=finish.error,
-                    **extra,
-                )
+                extra["run_later"] = from_timestamp(now_ts + finish.retry_in)
+            task = self._settle(
+                task,
+                chosen,
+                now_ts,
+                error=finish.error,
+                cancel_reason=finish.cancel_reason or DEFAULT_CANCEL_REASON,
+                **extra,
+            )
+            outcome = chosen.transition.outcome or finish.outcome
             self._log_attempt(
                 Attempt(
                     task_id=task.id,
@@ -449,21 +396,10 @@ class MemoryStorage(TaskStorage):
             if task.lease_expires_at is None or task.lease_expires_at > now:
                 continue
             worker_id, number, started = task.worker_id, task.attempts, task.started_at
-            if task.cancel_reason is not None and task.cancel_reason.terminal:
-                task = self._settle(task, TaskStatus.CANCELLED, now_ts)
-            elif task.cancel_reason is not None:
-                task = self._settle(
-                    task,
-                    _PENDING,
-                    now_ts,
-                    attempts=task.attempts - 1,
-                    run_at=now,
-                    cancel_reason=None,
-                )
-            elif task.attempts < task.max_retries + 1:
-                task = self._settle(task, _PENDING, now_ts, run_at=now, error="lease expired")
-            else:
-                task = self._settle(task, TaskStatus.FAILED, now_ts, error="lease expired")
+            chosen = _RESCUE_PLANS[rescue_case(task.cancel_reason, task.attempts, task.max_retries)]
+            transition = chosen.transition
+            task = self._settle(task, chosen, now_ts, error=RESCUE_ERROR)
+            assert transition.outcome is not None  # a rescue logs its own outcome
             self._log_attempt(
                 Attempt(
                     task_id=task_id,
@@ -471,8 +407,8 @@ class MemoryStorage(TaskStorage):
                     worker_id=worker_id or "",
                     started_at=started or now,
                     finished_at=now,
-                    outcome=AttemptOutcome.LOST,
-                    error="lease expired",
+                    outcome=transition.outcome,
+                    error=RESCUE_ERROR,
                 )
             )
             rescued.append(task)
@@ -483,24 +419,13 @@ class MemoryStorage(TaskStorage):
         task = self._tasks.get(task_id)
         if task is None:
             raise TaskNotFound(f"no task {task_id}")
-        if task.status not in (TaskStatus.FAILED, TaskStatus.CANCELLED):
-            raise InvalidTransition(
-                f"task {task_id} is {task.status.value}; only failed or cancelled tasks "
-                "can be retried"
-            )
-        if task.alias_of is not None:
-            raise InvalidTransition(
-                f"task {task_id} is an alias of {task.alias_of}; retry the leader"
-            )
+        check_redrive(task_id, task.status, task.alias_of)
         now_ts = wall_clock()
         now = from_timestamp(now_ts)
         if task.dedupe_key is not None:
             scope = (task.app_id, task.task_type, task.dedupe_key)
             if scope in self._leaders:
-                raise InvalidTransition(
-                    f"task {task_id} cannot be retried: task {self._leaders[scope]} is "
-                    f"already active for dedupe key {task.dedupe_key!r}"
-                )
+                raise key_taken(task_id, self._leaders[scope], task.dedupe_key)
             self._leaders[scope] = task.id
         task = task.evolve(
             status=_PENDING,
@@ -516,7 +441,7 @@ class MemoryStorage(TaskStorage):
         )
         self._tasks[task_id] = task
         self._queue(task, now_ts)
-        self._emit(EventKind.REQUEUED, task, now_ts)
+        self._emit(REDRIVE_EVENT, task, now_ts)
         return task
 
     # -- reading -------------------------------------------------------------------
@@ -545,14 +470,7 @@ class MemoryStorage(TaskStorage):
         counts = dict.fromkeys(TaskStatus, 0)
         for task in self._select(filter):
             counts[task.status] += 1
-        return ProgressSummary(
-            total=sum(counts.values()),
-            pending=counts[TaskStatus.PENDING],
-            running=counts[TaskStatus.RUNNING],
-            completed=counts[TaskStatus.COMPLETED],
-            failed=counts[TaskStatus.FAILED],
-            cancelled=counts[TaskStatus.CANCELLED],
-        )
+        return ProgressSummary.from_counts(counts)
 
     async def attempts(self, task_id: str) -> list[Attempt]:
         self._check_open()
@@ -611,19 +529,17 @@ class MemoryStorage(TaskStorage):
             raise ValueError("cancel needs task_ids or a filter")
         now_ts = wall_clock()
         now = from_timestamp(now_ts)
-        queue = list(task_ids or ())
+        selected = list(task_ids or ())
         if filter is not None:
-            queue.extend(t.id for t in self._select(filter) if t.status.active)
-        visited: set[str] = set()
+            selected.extend(t.id for t in self._select(filter) if t.status.active)
+
+        async def children_of(level: list[str]) -> list[tuple[str, str]]:
+            return [(c, p) for p in level for c in self._children.get(p, ())]
+
+        targets = run_sync(cancel_targets(selected, children_of if cascade else None))
         settled: set[str] = set()  # aliases their leader cancelled in this call
         changed: list[Task] = []
-        while queue:
-            task_id = queue.pop(0)
-            if task_id in visited:
-                continue
-            visited.add(task_id)
-            if cascade:
-                queue.extend(self._children.get(task_id, ()))
+        for task_id in targets:
             task = self._tasks.get(task_id)
             if task is None or task.status.terminal or task_id in settled:
                 continue
@@ -641,8 +557,8 @@ class MemoryStorage(TaskStorage):
                         worker_id=task.worker_id or "",
                         started_at=task.started_at or now,
                         finished_at=now,
-                        outcome=AttemptOutcome.CANCELLED,
-                        error=f"cancelled ({reason.value})",
+                        outcome=CANCELLED_OUTCOME,
+                        error=cancel_error(reason),
                     )
                 )
             # Decided before settling: only aliases still pending change with their leader.
@@ -651,7 +567,7 @@ class MemoryStorage(TaskStorage):
                 for alias_id in self._aliases.get(task_id, ())
                 if (alias := self._tasks.get(alias_id)) is not None and alias.status is _PENDING
             ]
-            changed.append(self._settle(task, TaskStatus.CANCELLED, now_ts, cancel_reason=reason))
+            changed.append(self._settle(task, _CANCEL_PLAN, now_ts, cancel_reason=reason))
             for alias_id in following:
                 settled.add(alias_id)
                 changed.append(self._tasks[alias_id])

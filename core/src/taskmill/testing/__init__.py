@@ -52,6 +52,7 @@ from taskmill.testing.finish import FinishContract
 from taskmill.testing.fixtures import StorageFactory, StoreFixtures
 from taskmill.testing.helpers import claim, finish, lease_of, moment_after, new_task, wait_until
 from taskmill.testing.leases import LeaseContract
+from taskmill.testing.lifecycle import LifecycleContract
 from taskmill.testing.migrations import MigrationContract, Place, SchemaMigrations
 from taskmill.testing.reference import ReferenceContract
 from taskmill.testing.registrations import HandlerRegistrationContract
@@ -85,6 +86,7 @@ class StorageContract(
     ConcurrencyContract,
     ReferenceContract,
     HandlerRegistrationContract,
+    LifecycleContract,
 ):
     """The semantics every :class:`~taskmill.TaskStorage` must have: every topic's tests.
 

@@ -5,21 +5,45 @@ numbered from 0001 without gaps. Version N of the schema is what applying files 
 order produces; the version in place is stored as ``schema_version`` in the
 ``taskmill_meta`` table.
 
-Every function here is synchronous and takes an open :class:`sqlite3.Connection` in
-autocommit mode (``isolation_level=None``); the storage calls them on its database
-thread.
+Reading and applying them is :class:`taskmill.migrations.MigrationRunner`'s; this module
+gives it the SQLite database (:class:`SQLiteTarget`: ``BEGIN IMMEDIATE`` is the
+migration lock) and the SQLite wording of its errors (:class:`SQLiteMessages`). Every
+function here is synchronous and takes an open :class:`sqlite3.Connection` in autocommit
+mode (``isolation_level=None``); the storage calls them on its database thread.
 """
 
 from __future__ import annotations
 
 import sqlite3
 from functools import cache
+from typing import Any
+
+import attrs
 
 from taskmill.errors import SchemaVersionError, StorageUnavailable
-from taskmill.migrations import Migration, load_migrations
+from taskmill.migrations import (
+    META_TABLE,
+    VERSION_KEY,
+    Migration,
+    MigrationRunner,
+    load_migrations,
+    run_sync,
+    shown_tables,
+)
 
-META_TABLE = "taskmill_meta"
-VERSION_KEY = "schema_version"
+__all__ = [
+    "META_TABLE",
+    "SQLiteMessages",
+    "SQLiteTarget",
+    "apply_pending",
+    "check",
+    "latest_version",
+    "migrations",
+    "split_statements",
+    "statements",
+    "stored_version",
+    "user_tables",
+]
 
 
 def migrations() -> tuple[Migration, ...]:
@@ -75,6 +99,87 @@ def user_tables(conn: sqlite3.Connection) -> list[str]:
     return [str(row[0]) for row in rows]
 
 
+@attrs.frozen
+class SQLiteMessages:
+    """The schema errors of the database file ``path``."""
+
+    path: str
+
+    def foreign(self, tables: list[str]) -> StorageUnavailable:
+        """A SQLite file that holds someone else's tables."""
+        return StorageUnavailable(
+            f"{self.path} is a SQLite database but not a taskmill one (it has the tables "
+            f"{shown_tables(tables)} and no {META_TABLE} table); taskmill will not modify it. "
+            "Point the URL at a new file, e.g. sqlite:///taskmill.db"
+        )
+
+    def newer(self, stored: int, expected: int) -> SchemaVersionError:
+        """A database written by a newer taskmill."""
+        return SchemaVersionError(
+            f"the database {self.path} has taskmill schema version {stored}, newer than the "
+            f"version {expected} this taskmill understands; upgrade taskmill "
+            "(pip install --upgrade taskmill) to use it"
+        )
+
+    def older(self, url: str, stored: int, expected: int) -> SchemaVersionError:
+        """A database that needs migrating."""
+        return SchemaVersionError(
+            f"the database {self.path} has taskmill schema version {stored} but this "
+            f"taskmill expects version {expected}; migrate it with: taskmill migrate --url {url}"
+        )
+
+    def damaged(self, value: Any) -> SchemaVersionError:
+        """A stored version that is not a number."""
+        return SchemaVersionError(
+            f"the taskmill schema version stored in {self.path} is not a number ({value!r}); "
+            "the database is damaged"
+        )
+
+
+@attrs.frozen
+class SQLiteTarget:
+    """The database behind ``conn`` for the migration runner. Its lock is the
+    transaction itself: the caller has opened it with ``BEGIN IMMEDIATE``, which holds
+    SQLite's writer lock to the commit."""
+
+    conn: sqlite3.Connection
+
+    async def lock(self) -> None:
+        """Nothing more to take: ``BEGIN IMMEDIATE`` holds the writer lock."""
+
+    async def tables(self) -> list[str]:
+        """The database's tables."""
+        return user_tables(self.conn)
+
+    async def read_version(self) -> Any:
+        """The stored schema version's text, or None."""
+        row = self.conn.execute(
+            f"SELECT value FROM {META_TABLE} WHERE key = ?", (VERSION_KEY,)
+        ).fetchone()
+        return None if row is None else row[0]
+
+    async def prepare(self) -> None:
+        """Nothing to prepare: a SQLite file is its own schema."""
+
+    async def apply(self, migration: Migration) -> None:
+        """Run the file's statements in order."""
+        for statement in statements(migration):
+            self.conn.execute(statement)
+
+    async def record(self, version: int) -> None:
+        """Store ``version`` in the meta table."""
+        self.conn.execute(
+            f"INSERT INTO {META_TABLE} (key, value) VALUES (?, ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (VERSION_KEY, str(version)),
+        )
+
+
+def runner(path: str) -> MigrationRunner:
+    """The migration runner of the database file ``path``."""
+    return MigrationRunner(migrations(), SQLiteMessages(path))
+
+
 def stored_version(conn: sqlite3.Connection, path: str) -> int | None:
     """The schema version recorded in the database.
 
@@ -82,48 +187,13 @@ def stored_version(conn: sqlite3.Connection, path: str) -> int | None:
         database holds tables but no taskmill schema (a foreign database).
     :raises SchemaVersionError: ``taskmill_meta`` exists but holds no usable version.
     """
-    tables = user_tables(conn)
-    if not tables:
-        return 0
-    if META_TABLE not in tables:
-        return None
-    row = conn.execute(f"SELECT value FROM {META_TABLE} WHERE key = ?", (VERSION_KEY,)).fetchone()
-    if row is None:
-        return 0
-    try:
-        return int(row[0])
-    except (TypeError, ValueError):
-        raise SchemaVersionError(
-            f"the taskmill schema version stored in {path} is not a number ({row[0]!r}); "
-            "the database is damaged"
-        ) from None
+    return run_sync(runner(path).stored_version(SQLiteTarget(conn)))
 
 
-def foreign_database_error(path: str, tables: list[str]) -> StorageUnavailable:
-    """The error for a SQLite file that holds someone else's tables."""
-    shown = ", ".join(tables[:8]) + (", ..." if len(tables) > 8 else "")
-    return StorageUnavailable(
-        f"{path} is a SQLite database but not a taskmill one (it has the tables {shown} "
-        f"and no {META_TABLE} table); taskmill will not modify it. Point the URL at a new "
-        "file, e.g. sqlite:///taskmill.db"
-    )
-
-
-def newer_version_error(path: str, stored: int, expected: int) -> SchemaVersionError:
-    """The error for a database written by a newer taskmill."""
-    return SchemaVersionError(
-        f"the database {path} has taskmill schema version {stored}, newer than the "
-        f"version {expected} this taskmill understands; upgrade taskmill "
-        "(pip install --upgrade taskmill) to use it"
-    )
-
-
-def older_version_error(path: str, url: str, stored: int, expected: int) -> SchemaVersionError:
-    """The error for a database that needs migrating."""
-    return SchemaVersionError(
-        f"the database {path} has taskmill schema version {stored} but this taskmill "
-        f"expects version {expected}; migrate it with: taskmill migrate --url {url}"
-    )
+def check(conn: sqlite3.Connection, path: str, url: str, *, auto_migrate: bool) -> int:
+    """The stored version, as opening a store may accept it (see
+    :meth:`MigrationRunner.check`)."""
+    return run_sync(runner(path).check(SQLiteTarget(conn), url=url, auto_migrate=auto_migrate))
 
 
 def apply_pending(conn: sqlite3.Connection, path: str) -> int:
@@ -137,23 +207,9 @@ def apply_pending(conn: sqlite3.Connection, path: str) -> int:
     :raises SchemaVersionError: the stored version is newer than this code.
     :raises StorageUnavailable: the database is not a taskmill database.
     """
-    expected = latest_version()
     conn.execute("BEGIN IMMEDIATE")
     try:
-        version = stored_version(conn, path)
-        if version is None:
-            raise foreign_database_error(path, user_tables(conn))
-        if version > expected:
-            raise newer_version_error(path, version, expected)
-        for migration in migrations()[version:]:
-            for statement in statements(migration):
-                conn.execute(statement)
-            conn.execute(
-                f"INSERT INTO {META_TABLE} (key, value) VALUES (?, ?) "
-                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                (VERSION_KEY, str(migration.version)),
-            )
-            version = migration.version
+        version = run_sync(runner(path).apply_pending(SQLiteTarget(conn)))
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:

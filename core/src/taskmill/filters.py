@@ -1,0 +1,83 @@
+"""``TaskFilter`` as a predicate: the conditions a filter stands for, once.
+
+A :class:`~taskmill.model.TaskFilter` is a conjunction of :class:`Condition` values
+(:func:`conditions`). The memory store and event delivery evaluate them in Python
+(:func:`matches`, which is ``TaskFilter.matches``); SQL stores translate the same list
+(:func:`taskmill.sql.filters.translate`), so a filter field added here reaches every
+backend, and no backend decides on its own what a field means.
+"""
+
+from __future__ import annotations
+
+import enum
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+if TYPE_CHECKING:
+    from taskmill.model import Task, TaskFilter
+
+__all__ = ["Condition", "Op", "conditions", "matches"]
+
+
+class Op(enum.Enum):
+    """How a condition compares a task's field with its value."""
+
+    EQUALS = "="
+    ONE_OF = "in"
+    """The field is one of the values (none at all selects nothing)."""
+    AFTER = ">"
+    BEFORE = "<"
+
+
+@attrs.frozen
+class Condition:
+    """``field`` (a :class:`~taskmill.model.Task` attribute, which SQL stores keep in
+    the column of the same name) compared by ``op`` with ``value``."""
+
+    field: str
+    op: Op
+    value: Any
+
+    def holds(self, task: Task) -> bool:
+        """True when ``task`` satisfies this condition."""
+        actual = getattr(task, self.field)
+        op = self.op
+        if op is Op.EQUALS:
+            return bool(actual == self.value)
+        if op is Op.ONE_OF:
+            return actual in self.value
+        if op is Op.AFTER:
+            return bool(actual > self.value)
+        return bool(actual < self.value)
+
+
+_EQUALITIES = ("app_id", "parent_id", "user_id", "dedupe_key")
+
+
+@lru_cache(maxsize=512)
+def conditions(f: TaskFilter) -> tuple[Condition, ...]:
+    """The conditions ``f`` stands for, every one of which a selected task satisfies
+    (an empty tuple selects everything)."""
+    found: list[Condition] = []
+    if f.app_id is not None:
+        found.append(Condition("app_id", Op.EQUALS, f.app_id))
+    if f.task_types is not None:
+        found.append(Condition("task_type", Op.ONE_OF, f.task_types))
+    if f.statuses is not None:
+        found.append(Condition("status", Op.ONE_OF, f.statuses))
+    for name in _EQUALITIES[1:]:
+        value = getattr(f, name)
+        if value is not None:
+            found.append(Condition(name, Op.EQUALS, value))
+    if f.created_after is not None:
+        found.append(Condition("created_at", Op.AFTER, f.created_after))
+    if f.created_before is not None:
+        found.append(Condition("created_at", Op.BEFORE, f.created_before))
+    return tuple(found)
+
+
+def matches(f: TaskFilter, task: Task) -> bool:
+    """True when ``task`` is selected by ``f`` (the reference semantics)."""
+    return all(c.holds(task) for c in conditions(f))

@@ -1,0 +1,90 @@
+""":class:`~taskmill.model.TaskFilter` in SQL: the conditions of
+:func:`taskmill.filters.conditions`, translated per dialect.
+
+A backend describes its dialect once (:class:`Dialect`) and calls :func:`translate`;
+the meaning of each filter field stays in :mod:`taskmill.filters`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, Final
+
+import attrs
+
+from taskmill.filters import Condition, Op, conditions
+from taskmill.model import TaskFilter
+
+__all__ = ["COLUMN_TYPES", "Dialect", "SQLFilter", "translate"]
+
+COLUMN_TYPES: Final = {"created_at": "timestamptz"}
+"""The SQL type of each filtered column that is not ``text``."""
+
+
+@attrs.frozen
+class Dialect:
+    """How one SQL dialect binds a filter's values."""
+
+    placeholder: Callable[[int, str], str]
+    """The placeholder of argument number ``n`` (from 1) of SQL type ``t``."""
+    arrays: bool
+    """True: a set of values is one array argument (``= ANY(...)``); False: one
+    argument per value (``IN (...)``)."""
+    timestamp: Callable[[datetime], Any]
+    """A datetime as the dialect stores it."""
+    false: str = "false"
+    """An expression that is never true (a set of no values)."""
+    true: str = "true"
+
+
+@attrs.frozen
+class SQLFilter:
+    """A translated filter: its conditions (SQL boolean expressions) and arguments."""
+
+    clauses: tuple[str, ...]
+    args: list[Any]
+    dialect: Dialect
+
+    @property
+    def expression(self) -> str:
+        """One boolean expression (the dialect's true when it selects everything)."""
+        return " AND ".join(self.clauses) if self.clauses else self.dialect.true
+
+    @property
+    def where(self) -> str:
+        """`` WHERE ...``, or nothing when it selects everything."""
+        return " WHERE " + " AND ".join(self.clauses) if self.clauses else ""
+
+
+_OPERATOR: Final = {Op.EQUALS: "=", Op.AFTER: ">", Op.BEFORE: "<"}
+
+
+def translate(f: TaskFilter, dialect: Dialect, *, first: int = 1) -> SQLFilter:
+    """What ``f`` selects, with its arguments numbered from ``first``."""
+    clauses: list[str] = []
+    args: list[Any] = []
+
+    def bind(value: Any, sql_type: str) -> str:
+        args.append(value)
+        return dialect.placeholder(first + len(args) - 1, sql_type)
+
+    for condition in conditions(f):
+        clauses.append(_clause(condition, dialect, bind))
+    return SQLFilter(tuple(clauses), args, dialect)
+
+
+def _clause(condition: Condition, dialect: Dialect, bind: Callable[[Any, str], str]) -> str:
+    column = condition.field
+    sql_type = COLUMN_TYPES.get(column, "text")
+    value = condition.value
+    if condition.op is Op.ONE_OF:
+        values = [getattr(v, "value", v) for v in value]
+        if dialect.arrays:
+            return f"{column} = ANY({bind(values, sql_type + '[]')})"
+        if not values:
+            return dialect.false
+        return f"{column} IN ({', '.join(bind(v, sql_type) for v in values)})"
+    if isinstance(value, datetime):
+        value = dialect.timestamp(value)
+    return f"{column} {_OPERATOR[condition.op]} {bind(value, sql_type)}"
