@@ -207,6 +207,11 @@ async def test_filters_and_keyset_pages_give_the_right_rows(
     assert await row_ids(page) == [beta[17].id]
     await page.goto(f"{base_url}/ui/tasks?q={alpha[3].id}")
     assert await row_ids(page) == [alpha[3].id]
+    # Text in a dedupe key (a substring, case-sensitive), within the other filters.
+    await page.goto(f"{base_url}/ui/tasks?q=ta-2&task_type=beta")
+    assert set(await row_ids(page)) == {t.id for i, t in enumerate(beta) if "ta-2" in f"beta-{i}"}
+    await page.goto(f"{base_url}/ui/tasks?q=TA-2")
+    assert await row_ids(page) == []
 
 
 async def test_cancel_and_retry_from_the_page_change_the_stored_task(

@@ -40,6 +40,14 @@ class Recorder:
 
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
+        self.errors: list[str] = []
+        """Every error a hook received, whole (``calls`` keeps their first lines)."""
+
+    def _error(self, error: str | None) -> str | None:
+        if error is None:
+            return None
+        self.errors.append(error)
+        return error.split("\n", 1)[0]
 
     def of(self, task: Task) -> list[tuple[Any, ...]]:
         """The calls about ``task``, without its id."""
@@ -62,7 +70,7 @@ class Recorder:
         self, task: Task, outcome: AttemptOutcome, elapsed_ms: float, error: str | None
     ) -> None:
         assert elapsed_ms >= 0
-        self.calls.append(("finished", task.id, outcome, task.status, error))
+        self.calls.append(("finished", task.id, outcome, task.status, self._error(error)))
 
     @hookimpl
     def taskmill_task_detached(self, task: Task, worker_id: str) -> None:
@@ -72,11 +80,11 @@ class Recorder:
     @hookimpl
     def taskmill_task_retried(self, task: Task, error: str | None, delay: float) -> None:
         assert delay >= 0
-        self.calls.append(("retried", task.id, task.attempts, error))
+        self.calls.append(("retried", task.id, task.attempts, self._error(error)))
 
     @hookimpl
     def taskmill_task_dead_lettered(self, task: Task, error: str | None) -> None:
-        self.calls.append(("dead_lettered", task.id, task.status, error))
+        self.calls.append(("dead_lettered", task.id, task.status, self._error(error)))
 
     @hookimpl
     def taskmill_task_cancelled(self, task: Task, reason: CancelReason) -> None:
@@ -135,6 +143,9 @@ async def test_a_failed_attempt_fires_finished_then_retried_and_the_retry_runs(
         ("started", 2),
         ("finished", OK, TaskStatus.COMPLETED, None),
     ]
+    # The hooks get the stored error whole: with the handler's traceback excerpt.
+    assert all("in flaky" in e and e.startswith("RuntimeError") for e in recorder.errors)
+    assert len(recorder.errors) == 2
 
 
 async def test_exhausted_retries_and_fail_fire_dead_lettered_once(tm: Taskmill, recorder: Recorder):

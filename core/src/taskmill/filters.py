@@ -29,6 +29,9 @@ class Op(enum.Enum):
     """The field is one of the values (none at all selects nothing)."""
     AFTER = ">"
     BEFORE = "<"
+    CONTAINS = "contains"
+    """One of the fields (``Condition.field`` names them, separated by ``|``) holds
+    the value as a substring; a field that is None holds nothing."""
 
 
 @attrs.frozen
@@ -40,10 +43,17 @@ class Condition:
     op: Op
     value: Any
 
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The fields a CONTAINS condition looks in (one for the other operators)."""
+        return tuple(self.field.split("|"))
+
     def holds(self, task: Task) -> bool:
         """True when ``task`` satisfies this condition."""
-        actual = getattr(task, self.field)
         op = self.op
+        if op is Op.CONTAINS:
+            return any(self.value in (getattr(task, f) or "") for f in self.fields)
+        actual = getattr(task, self.field)
         if op is Op.EQUALS:
             return bool(actual == self.value)
         if op is Op.ONE_OF:
@@ -75,6 +85,8 @@ def conditions(f: TaskFilter) -> tuple[Condition, ...]:
         found.append(Condition("created_at", Op.AFTER, f.created_after))
     if f.created_before is not None:
         found.append(Condition("created_at", Op.BEFORE, f.created_before))
+    if f.text:
+        found.append(Condition("id|dedupe_key", Op.CONTAINS, f.text))
     return tuple(found)
 
 

@@ -204,6 +204,9 @@ class TaskFilter:
     dedupe_key: str | None = None
     created_after: datetime | None = attrs.field(default=None, validator=_utc)
     created_before: datetime | None = attrs.field(default=None, validator=_utc)
+    text: str | None = None
+    """Tasks whose id or dedupe key contains this text (case-sensitive), for search
+    boxes; an empty text selects every task."""
 
     def matches(self, task: Task) -> bool:
         """True when ``task`` is selected by this filter (the reference semantics,

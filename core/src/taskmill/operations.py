@@ -300,11 +300,23 @@ class TaskOperations:
         limit: int = 100,
         offset: int = 0,
         newest_first: bool = False,
+        after: str | None = None,
     ) -> list[Task]:
-        """Tasks matching ``filter``, oldest first (or newest first)."""
+        """Tasks matching ``filter``, oldest first (or newest first).
+
+        :param after: a task id: start right after that task's place in this order
+            (keyset paging; see :meth:`TaskStorage.query`). An id this API cannot see
+            (unknown, or another app's) selects nothing.
+        """
         self._host._check_open()
+        if after is not None and self._app_id is not None and await self.get(after) is None:
+            return []
         return await self._host.storage.query(
-            self._scoped(filter), limit=limit, offset=offset, newest_first=newest_first
+            self._scoped(filter),
+            limit=limit,
+            offset=offset,
+            newest_first=newest_first,
+            after=after,
         )
 
     async def wait(self, task_id: str, *, timeout: float | None = None) -> Task:

@@ -451,9 +451,17 @@ class TaskStorage(abc.ABC):
         limit: int = 100,
         offset: int = 0,
         newest_first: bool = False,
+        after: str | None = None,
     ) -> list[Task]:
         """Tasks selected by ``filter``, ordered by creation (oldest first unless
-        ``newest_first``), at most ``limit`` of them after skipping ``offset``."""
+        ``newest_first``), at most ``limit`` of them after skipping ``offset``.
+
+        The order is the store's insertion order, which is total: two tasks created at
+        the same instant still have a fixed place. ``after`` (a task id) starts the list
+        right after that task's place in this order, whatever the filter: keyset pages
+        (pass the last id of a page) that cost no scan of the rows before them and do
+        not shift while tasks are added. A task that does not exist (any more) selects
+        nothing."""
 
     @abc.abstractmethod
     async def summary(self, filter: TaskFilter) -> ProgressSummary:

@@ -698,12 +698,19 @@ class PostgresStorage(TaskStorage):
         limit: int = 100,
         offset: int = 0,
         newest_first: bool = False,
+        after: str | None = None,
     ) -> list[Task]:
         """Tasks selected by ``filter`` in creation order (``seq``), paged in SQL."""
         if limit <= 0:
             return []
         where, args = filter_sql(filter)
         order = "DESC" if newest_first else "ASC"
+        if after is not None:
+            args = [*args, after]
+            where = (
+                f"({where}) AND seq {'<' if newest_first else '>'} (SELECT seq FROM "
+                f"{self.sql.quoted}.tasks WHERE id = ${len(args)}::text)"
+            )
         n = len(args)
         sql = (
             f"SELECT {TASK_COLUMNS} FROM {self.sql.quoted}.tasks WHERE {where} "

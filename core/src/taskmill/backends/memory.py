@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Self
 
@@ -460,10 +460,20 @@ class MemoryStorage(TaskStorage):
         limit: int = 100,
         offset: int = 0,
         newest_first: bool = False,
+        after: str | None = None,
     ) -> list[Task]:
         self._check_open()
-        selected = sorted(self._select(filter), key=lambda t: self._seq[t.id], reverse=newest_first)
-        return selected[offset : offset + limit]
+        selected: Iterable[Task] = self._select(filter)
+        if after is not None:
+            place = self._seq.get(after)
+            if place is None:
+                return []
+            if newest_first:
+                selected = [t for t in selected if self._seq[t.id] < place]
+            else:
+                selected = [t for t in selected if self._seq[t.id] > place]
+        ordered = sorted(selected, key=lambda t: self._seq[t.id], reverse=newest_first)
+        return ordered[offset : offset + limit]
 
     async def summary(self, filter: TaskFilter) -> ProgressSummary:
         self._check_open()

@@ -36,6 +36,9 @@ class Dialect:
     false: str = "false"
     """An expression that is never true (a set of no values)."""
     true: str = "true"
+    contains: str = "strpos({column}, {value}) > 0"
+    """True when text ``column`` holds ``value`` as a substring, case-sensitively
+    (false or NULL when the column is NULL)."""
 
 
 @attrs.frozen
@@ -78,6 +81,11 @@ def _clause(condition: Condition, dialect: Dialect, bind: Callable[[Any, str], s
     column = condition.field
     sql_type = COLUMN_TYPES.get(column, "text")
     value = condition.value
+    if condition.op is Op.CONTAINS:
+        found = [
+            dialect.contains.format(column=c, value=bind(value, "text")) for c in condition.fields
+        ]
+        return f"({' OR '.join(found)})"
     if condition.op is Op.ONE_OF:
         values = [getattr(v, "value", v) for v in value]
         if dialect.arrays:

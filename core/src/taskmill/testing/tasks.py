@@ -179,6 +179,60 @@ class TaskContract:
         summary = await storage.summary(TaskFilter(app_id="a"))
         assert (summary.total, summary.running, summary.pending) == (5, 2, 3)
 
+    async def test_keyset_pages_after_a_task_cover_every_task_once_in_either_order(
+        self, storage: TaskStorage
+    ) -> None:
+        first = await storage.enqueue([new_task("t", {"i": i}) for i in range(7)])
+        second = await storage.enqueue([new_task("u", {"i": i}) for i in range(6)])
+        everything = [t.id for t in first + second]
+        for newest_first, expected in ((False, everything), (True, everything[::-1])):
+            seen: list[str] = []
+            after: str | None = None
+            while True:
+                page = await storage.query(
+                    TaskFilter(), limit=4, newest_first=newest_first, after=after
+                )
+                if not page:
+                    break
+                seen += [t.id for t in page]
+                after = page[-1].id
+            assert seen == expected
+        # The position is the task's, whatever the filter; tasks added later do not
+        # shift a page that starts before them.
+        later = await storage.enqueue([new_task("t")])
+        page = await storage.query(
+            TaskFilter(task_types=("t",)), newest_first=True, after=second[2].id, limit=100
+        )
+        assert [t.id for t in page] == [t.id for t in first[::-1]]
+        assert later[0].id not in [t.id for t in page]
+        assert await storage.query(TaskFilter(), after=str(uuid.uuid4())) == []
+
+    async def test_text_selects_tasks_whose_id_or_dedupe_key_contains_it(
+        self, storage: TaskStorage
+    ) -> None:
+        keyed = await storage.enqueue(
+            [
+                new_task("t", dedupe_key="invoice-x2026-Q4"),
+                new_task("t", dedupe_key="INVOICE-x2026"),
+                new_task("u", dedupe_key="receipt-7"),
+            ]
+        )
+        plain = (await storage.enqueue([new_task("t")]))[0]
+
+        async def ids(**fields: object) -> set[str]:
+            found = await storage.query(TaskFilter(**fields), limit=100)  # type: ignore[arg-type]
+            return {t.id for t in found}
+
+        assert await ids(text="invoice") == {keyed[0].id}  # case-sensitive
+        # (texts with letters beyond hex, so that no random id contains them)
+        assert await ids(text="x2026") == {keyed[0].id, keyed[1].id}
+        assert await ids(text="x2026", task_types=("u",)) == set()
+        assert await ids(text=plain.id[9:23]) == {plain.id}  # part of an id
+        assert await ids(text="%") == set() and await ids(text="_") == set()  # no wildcards
+        assert await ids(text="") == {t.id for t in [*keyed, plain]}
+        summary = await storage.summary(TaskFilter(text="receipt"))
+        assert summary.total == 1
+
     @requires("durable")
     async def test_what_was_committed_survives_close_and_reopen(
         self, storage: TaskStorage, storage_factory: StorageFactory

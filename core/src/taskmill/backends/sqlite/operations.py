@@ -406,12 +406,20 @@ def get(conn: sqlite3.Connection, task_id: str) -> Task | None:
     return None if row is None else task(row)
 
 
-def query(conn: sqlite3.Connection, args: tuple[TaskFilter, int, int, bool]) -> list[Task]:
-    filter, limit, offset, newest_first = args
+def query(
+    conn: sqlite3.Connection, args: tuple[TaskFilter, int, int, bool, str | None]
+) -> list[Task]:
+    filter, limit, offset, newest_first, after = args
     selected = sql.filter_sql(filter)
     order = "DESC" if newest_first else "ASC"
-    text = f"SELECT {TASK_COLUMNS} FROM tasks{selected.where} ORDER BY seq {order} LIMIT ? OFFSET ?"
-    return [task(r) for r in conn.execute(text, [*selected.args, limit, offset])]
+    clauses = list(selected.clauses)
+    values = list(selected.args)
+    if after is not None:
+        clauses.append(f"seq {'<' if newest_first else '>'} (SELECT seq FROM tasks WHERE id = ?)")
+        values.append(after)
+    where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+    text = f"SELECT {TASK_COLUMNS} FROM tasks{where} ORDER BY seq {order} LIMIT ? OFFSET ?"
+    return [task(r) for r in conn.execute(text, [*values, limit, offset])]
 
 
 def summary(conn: sqlite3.Connection, filter: TaskFilter) -> ProgressSummary:

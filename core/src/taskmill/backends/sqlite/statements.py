@@ -39,6 +39,7 @@ DIALECT: Final = Dialect(
     timestamp=as_micros,
     false="0",
     true="1",
+    contains="instr({column}, {value}) > 0",
 )
 """SQLite for :func:`taskmill.sql.filters.translate`."""
 

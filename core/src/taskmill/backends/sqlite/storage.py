@@ -180,12 +180,13 @@ class SQLiteStorage(SQLiteDatabase, TaskStorage):
         limit: int = 100,
         offset: int = 0,
         newest_first: bool = False,
+        after: str | None = None,
     ) -> list[Task]:
-        """Tasks selected by ``filter`` in creation order (rowid), paged in SQL."""
+        """Tasks selected by ``filter`` in creation order (``seq``), paged in SQL."""
         if limit <= 0:
             return []
         return await self._run(
-            self._read, operations.query, (filter, limit, max(offset, 0), newest_first)
+            self._read, operations.query, (filter, limit, max(offset, 0), newest_first, after)
         )
 
     async def summary(self, filter: TaskFilter) -> ProgressSummary:

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from taskmill.app import Taskmill
 from taskmill.cli.arguments import AddCommand, add_handler_options, add_setting
 from taskmill.cli.messages import EXIT_OK, progress_line
 from taskmill.cli.rendering import redacted
@@ -13,8 +14,10 @@ from taskmill.cli.session import open_taskmill
 from taskmill.cli.unserved import handler_label, report_unserved
 from taskmill.errors import TaskmillError
 from taskmill.model import TaskFilter
+from taskmill.registry import Handler
 from taskmill.settings import ENV_VARS, HOST_APP, Settings
 from taskmill.supervisor import Supervisor
+from taskmill.worker import Worker
 
 
 def add_commands(add: AddCommand) -> None:
@@ -100,30 +103,40 @@ def add_commands(add: AddCommand) -> None:
     add_handler_options(cmd)
 
 
+def _checked_worker(tm: Taskmill, settings: Settings) -> tuple[Worker, list[Handler]]:
+    """The worker the settings describe and the handlers it serves.
+
+    :raises TaskmillError: no handler at all, invalid options, or filters that match no
+        handler (each message says what to change).
+    """
+    if not len(tm.registry):
+        raise TaskmillError(
+            "no handlers to run: pass --import MODULE (a module with a register(tm) "
+            "function), set the imports setting, or install a handler plugin (see "
+            "`taskmill plugins`)"
+        )
+    try:
+        worker = tm.worker(**settings.worker_options())
+    except ValueError as exc:
+        raise TaskmillError(str(exc)) from None
+    served = worker.served_handlers()
+    if not served:
+        raise TaskmillError(
+            f"no handler matches the worker's filters (task types: "
+            f"{', '.join(settings.task_types or ['any'])}; apps: "
+            f"{', '.join(a or HOST_APP for a in settings.app_ids or ['any'])}); the "
+            f"handlers are: {', '.join(sorted(handler_label(h.key) for h in tm.registry))}"
+        )
+    return worker, served
+
+
 async def run_worker(args: argparse.Namespace, settings: Settings) -> int:
     """Run a worker with the settings' options; 0 after a graceful stop, 128 + the
     signal's number after a forced one."""
     if settings.processes > 1:
         return await supervise(args, settings)
     async with open_taskmill(settings, "worker", reads=False, handlers=True) as tm:
-        if not len(tm.registry):
-            raise TaskmillError(
-                "no handlers to run: pass --import MODULE (a module with a register(tm) "
-                "function), set the imports setting, or install a handler plugin (see "
-                "`taskmill plugins`)"
-            )
-        try:
-            worker = tm.worker(**settings.worker_options())
-        except ValueError as exc:
-            raise TaskmillError(str(exc)) from None
-        served = worker.served_handlers()
-        if not served:
-            raise TaskmillError(
-                f"no handler matches the worker's filters (task types: "
-                f"{', '.join(settings.task_types or ['any'])}; apps: "
-                f"{', '.join(a or HOST_APP for a in settings.app_ids or ['any'])}); the "
-                f"handlers are: {', '.join(sorted(handler_label(h.key) for h in tm.registry))}"
-            )
+        worker, served = _checked_worker(tm, settings)
         reserved = worker.reserved_high_priority_slots
         slots = f"concurrency {worker.concurrency}"
         if reserved:
@@ -149,16 +162,7 @@ async def supervise(args: argparse.Namespace, settings: Settings) -> int:
     """``worker --processes N``: check once, here, that a worker can start, then run N
     single-process copies of this command under a :class:`Supervisor`."""
     async with open_taskmill(settings, "worker", reads=False, handlers=True) as tm:
-        if not len(tm.registry):
-            raise TaskmillError(
-                "no handlers to run: pass --import MODULE (a module with a register(tm) "
-                "function), set the imports setting, or install a handler plugin (see "
-                "`taskmill plugins`)"
-            )
-        try:
-            tm.worker(**settings.worker_options())
-        except ValueError as exc:
-            raise TaskmillError(str(exc)) from None
+        _checked_worker(tm, settings)
         where = redacted(tm.url)
     base = settings.worker_id
 

@@ -1,21 +1,15 @@
 """The dashboard's task list: its filters, as a URL's query string, and keyset pages.
 
-Pages run newest first. A page's cursor is the position after its last row: that row's
-creation time and how many rows created at that same instant were already shown, so
-the next page is "created at or before that instant, skipping those ties". A page costs
-no OFFSET into the whole list, and tasks enqueued meanwhile do not shift the pages a
-reader is walking (they show on the first page).
-
-The store orders by its insertion sequence, the cursor is a creation time: where the two
-disagree (PostgreSQL stamps a task with its transaction's start, so concurrent enqueues
-can invert them) a task at a page boundary can show twice or not at all. See
-docs/dashboard.md.
+Pages run newest first, in the store's own insertion order. A page's cursor is the id of
+its last task, and the next page is the tasks after that task's place in the order
+(``query(after=...)``): a page costs no OFFSET into the whole list, every task shows on
+exactly one page, and tasks enqueued meanwhile do not shift the pages a reader is
+walking (they show on the first page).
 """
 
 from __future__ import annotations
 
-import re
-from datetime import UTC, datetime, timedelta
+import uuid
 from urllib.parse import urlencode
 
 import attrs
@@ -29,31 +23,6 @@ from taskmill_http.tokens import Caller
 
 PAGE_SIZE = 50
 """Rows on one page of the task list."""
-
-_CURSOR = re.compile(r"^(\d{1,18})\.(\d{1,9})$")
-_MICROSECOND = timedelta(microseconds=1)
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-@attrs.frozen
-class Cursor:
-    """Where the next page starts: after ``ties`` rows created at ``created_at``."""
-
-    created_at: datetime
-    ties: int
-
-    def __str__(self) -> str:
-        micros = (self.created_at - _EPOCH) // _MICROSECOND
-        return f"{micros}.{self.ties}"
-
-    @classmethod
-    def parse(cls, text: str) -> Cursor:
-        """:raises ServiceError: 422 for anything but a cursor this module wrote."""
-        match = _CURSOR.match(text)
-        if match is None:
-            raise ServiceError(422, "invalid_query", "cursor is not one the dashboard wrote")
-        created_at = _EPOCH + timedelta(microseconds=int(match.group(1)))
-        return cls(created_at, int(match.group(2)))
 
 
 def _field(request: Request, name: str) -> str | None:
@@ -74,9 +43,10 @@ class ListQuery:
     task_type: str | None = None
     statuses: tuple[TaskStatus, ...] = ()
     text: str | None = None
-    """An exact task id or dedupe key."""
+    """Text in the task id or the dedupe key (an exact id shows that task alone)."""
     parent_id: str | None = None
-    cursor: Cursor | None = None
+    cursor: str | None = None
+    """The id of the last task of the previous page."""
 
     @classmethod
     def from_request(cls, request: Request, caller: Caller) -> ListQuery:
@@ -88,24 +58,28 @@ class ListQuery:
         app_id = _field(request, "app_id")
         rq.ensure_own_app(caller.app_id, app_id)
         cursor = _field(request, "cursor")
+        if cursor is not None:
+            try:
+                uuid.UUID(cursor)
+            except ValueError:
+                raise ServiceError(422, "invalid_query", "cursor is not a task id") from None
         return cls(
             app_id=app_id,
             task_type=_field(request, "task_type"),
             statuses=rq.query_statuses(request) or (),
             text=_field(request, "q"),
             parent_id=_field(request, "parent_id"),
-            cursor=None if not cursor else Cursor.parse(cursor),
+            cursor=cursor,
         )
 
-    def task_filter(self, *, dedupe_key: str | None = None) -> TaskFilter:
+    def task_filter(self) -> TaskFilter:
         """The filter of this list, without its position."""
         return TaskFilter(
             app_id=self.app_id,
             task_types=None if self.task_type is None else (self.task_type,),
             statuses=self.statuses or None,
             parent_id=self.parent_id,
-            dedupe_key=dedupe_key,
-            created_before=None if self.cursor is None else self.cursor.created_at + _MICROSECOND,
+            text=self.text,
         )
 
     def event_filter(self) -> TaskFilter:
@@ -116,7 +90,7 @@ class ListQuery:
             task_types=None if self.task_type is None else (self.task_type,),
         )
 
-    def query_string(self, *, cursor: Cursor | None = None) -> str:
+    def query_string(self, *, cursor: str | None = None) -> str:
         """This list's filters (at ``cursor``) as a query string, for links."""
         pairs: list[tuple[str, str]] = []
         if self.app_id is not None:
@@ -129,7 +103,7 @@ class ListQuery:
         if self.parent_id is not None:
             pairs.append(("parent_id", self.parent_id))
         if cursor is not None:
-            pairs.append(("cursor", str(cursor)))
+            pairs.append(("cursor", cursor))
         return urlencode(pairs)
 
     @property
@@ -143,28 +117,23 @@ class TaskPage:
     """One page of the list and where the next one starts (None on the last)."""
 
     tasks: list[Task]
-    next_cursor: Cursor | None
+    next_cursor: str | None
 
 
 async def list_page(ops: TaskOperations, query: ListQuery, size: int = PAGE_SIZE) -> TaskPage:
     """The page ``query`` asks for, read through ``ops`` (so scoped to its app).
 
-    The text matches an exact task id first (that task alone, when the other filters
-    select it), else an exact dedupe key.
+    A text that is an exact task id shows that task alone (when the other filters select
+    it); otherwise the text selects the tasks whose id or dedupe key contains it.
     """
     if query.text is not None and query.cursor is None:
         found = await ops.get(query.text)
         if found is not None and query.task_filter().matches(found):
             return TaskPage([found], None)
-    offset = 0 if query.cursor is None else query.cursor.ties
     rows = await ops.query(
-        query.task_filter(dedupe_key=query.text), limit=size + 1, offset=offset, newest_first=True
+        query.task_filter(), limit=size + 1, newest_first=True, after=query.cursor
     )
     page = rows[:size]
     if len(rows) <= size:
         return TaskPage(page, None)
-    last = page[-1].created_at
-    ties = sum(1 for task in page if task.created_at == last)
-    if query.cursor is not None and query.cursor.created_at == last:
-        ties += query.cursor.ties
-    return TaskPage(page, Cursor(last, ties))
+    return TaskPage(page, page[-1].id)
