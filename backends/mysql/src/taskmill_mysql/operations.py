@@ -464,14 +464,18 @@ async def get(s: Session, task_id: str) -> Task | None:
     return None if row is None else task(row)
 
 
-async def query(s: Session, args: tuple[TaskFilter, int, int, bool]) -> list[Task]:
-    filter, limit, offset, newest_first = args
+async def query(s: Session, args: tuple[TaskFilter, int, int, bool, str | None]) -> list[Task]:
+    filter, limit, offset, newest_first, after = args
     selected = sql.filter_sql(filter)
     order = "DESC" if newest_first else "ASC"
-    text = (
-        f"SELECT {TASK_COLUMNS} FROM tasks{selected.where} ORDER BY seq {order} LIMIT %s OFFSET %s"
-    )
-    return [task(r) for r in await s.fetchall(text, [*selected.args, limit, offset])]
+    clauses = list(selected.clauses)
+    values = list(selected.args)
+    if after is not None:
+        clauses.append(f"seq {'<' if newest_first else '>'} (SELECT seq FROM tasks WHERE id = %s)")
+        values.append(after)
+    where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+    text = f"SELECT {TASK_COLUMNS} FROM tasks{where} ORDER BY seq {order} LIMIT %s OFFSET %s"
+    return [task(r) for r in await s.fetchall(text, [*values, limit, offset])]
 
 
 async def summary(s: Session, filter: TaskFilter) -> ProgressSummary:

@@ -34,6 +34,7 @@ DIALECT: Final = Dialect(
     timestamp=as_stored,
     false="FALSE",
     true="TRUE",
+    contains="INSTR({column}, {value}) > 0",
 )
 """MySQL for :func:`taskmill.sql.filters.translate`."""
 

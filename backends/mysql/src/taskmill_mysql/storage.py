@@ -270,11 +270,15 @@ class MySQLStorage(TaskStorage):
         limit: int = 100,
         offset: int = 0,
         newest_first: bool = False,
+        after: str | None = None,
     ) -> list[Task]:
-        """Tasks selected by ``filter`` in creation order, paged in SQL."""
+        """Tasks selected by ``filter`` in creation order (``seq``), paged in SQL; ``after``
+        starts right after that task's place (keyset paging)."""
         if limit <= 0:
             return []
-        return await self._read(operations.query, (filter, limit, max(offset, 0), newest_first))
+        return await self._read(
+            operations.query, (filter, limit, max(offset, 0), newest_first, after)
+        )
 
     async def summary(self, filter: TaskFilter) -> ProgressSummary:
         """Counts by status from one ``GROUP BY status`` query."""
