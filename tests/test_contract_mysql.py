@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 import aiomysql
+import pymysql
 import pytest
 from taskmill.discovery import storage_for_url
 from taskmill.errors import InvalidURL, SchemaVersionError, StorageUnavailable
@@ -288,4 +289,68 @@ async def test_an_event_writer_waits_for_the_one_before_it_to_commit(mysql_url: 
         assert [e.cursor for e in events] == [start + 1, start + 2] and cursor_now == start + 2
     finally:
         held.close()
+        await store.close()
+
+
+# -- errors: lost connections, deadlocks ----------------------------------------------------
+
+
+async def test_a_connection_lost_mid_operation_is_unavailable_and_the_pool_recovers(
+    mysql_url: str,
+):
+    store = MySQLStorage.from_url(mysql_url, pool_min_size=1, pool_max_size=1)
+    await store.open()
+    try:
+        (task,) = await store.enqueue([new_task()])
+
+        async def slow(s: Session) -> None:
+            await s.execute("SELECT SLEEP(30)")
+
+        running = asyncio.create_task(store._db.run(slow))
+
+        async def sleeping() -> list[tuple[Any, ...]]:
+            return await fetch(
+                "SELECT id FROM information_schema.processlist WHERE info = 'SELECT SLEEP(30)'"
+            )
+
+        await wait_until(sleeping, timeout=15)
+        ((server_side,),) = await sleeping()
+        await fetch(f"KILL {server_side}")
+        with pytest.raises(StorageUnavailable, match=r"Lost connection|gone away"):
+            await asyncio.wait_for(running, 15)
+        assert await store.get(task.id) == task  # a new connection, the same store
+
+        idle = await fetch(
+            "SELECT id FROM information_schema.processlist WHERE db = %s", store.database
+        )
+        for (connection,) in idle:
+            await fetch(f"KILL {connection}")
+        # An idle connection the server dropped is noticed by the pool and replaced.
+        assert await store.get(task.id) == task
+    finally:
+        await store.close()
+
+
+async def test_a_deadlock_is_run_again_and_a_lasting_one_is_unavailable(mysql_url: str):
+    store = MySQLStorage.from_url(mysql_url)
+    await store.open()
+    calls = 0
+
+    async def deadlocks_once(s: Session) -> int:
+        nonlocal calls
+        calls += 1
+        await s.execute("SELECT 1")
+        if calls == 1:
+            raise pymysql.err.OperationalError(1213, "Deadlock found when trying to get lock")
+        return calls
+
+    async def always_deadlocks(s: Session) -> int:
+        raise pymysql.err.OperationalError(1213, "Deadlock found when trying to get lock")
+
+    try:
+        assert await store._db.run(deadlocks_once) == 2
+        with pytest.raises(StorageUnavailable, match="Deadlock"):
+            await store._db.run(always_deadlocks)
+        assert await store.get("nothing") is None  # the pool is fine afterwards
+    finally:
         await store.close()
