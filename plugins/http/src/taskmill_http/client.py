@@ -268,7 +268,7 @@ class Client:
         return converter.structure(found, ProgressSummary)
 
     def events(
-        self, filter: TaskFilter | None = None, *, since: int | str | None = None
+        self, filter: TaskFilter | None = None, *, since: str | None = None
     ) -> AsyncIterator[TaskEvent]:
         """Changes to this app's tasks, live, from ``GET /v1/events``: an endless async
         iterator of ``TaskEvent`` (break out of it to stop). After a dropped connection
