@@ -394,6 +394,13 @@ async def test_the_openapi_document_describes_every_route_served(http: httpx.Asy
     spec = document["components"]["schemas"]["TaskSpecBody"]
     assert spec["required"] == ["task_type"] and spec["additionalProperties"] is False
     assert {"201", "401", "413", "422"} <= set(create["responses"])
+    # An event's cursor is the store's opaque token, and a bad resume position a 422.
+    cursor = document["components"]["schemas"]["TaskEvent"]["properties"]["cursor"]
+    assert cursor["type"] == "string"
+    events = document["paths"]["/v1/events"]["get"]
+    assert "422" in events["responses"]
+    (since,) = [p for p in events["parameters"] if p["name"] == "since"]
+    assert since["schema"]["type"] == "string"
 
 
 # -- the Python client ---------------------------------------------------------------------
