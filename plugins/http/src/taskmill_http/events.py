@@ -9,9 +9,9 @@ updates, app entities) go through the same hub.
 Positions: an event's SSE ``id`` is ``T.L`` — ``T`` the store's event cursor (an
 opaque token without ``"."``, see :meth:`~taskmill.storage.TaskStorage.read_events`),
 ``L`` the hub's own sequence number for in-memory events — the position *after* that
-event. Store tokens are compared only with ``<``, never as numbers. A
-client that reconnects with ``Last-Event-ID: T.L`` (or ``?since=T.L``) gets every task
-event after ``T`` from the store (within the workers' ``event_retention``) and every
+event. Store tokens are compared only with ``<``, never as numbers. A client that
+reconnects with ``Last-Event-ID: T.L`` (or ``?since=T.L``) gets every task event after
+``T`` from the store (within the workers' ``event_retention``) and every
 in-memory event after ``L`` that this process still holds (the last
 ``local_buffer`` of them), then the live stream: nothing is lost or repeated.
 
