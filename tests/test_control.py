@@ -15,6 +15,7 @@ from taskmill import (
     CancelReason,
     Context,
     EventKind,
+    InvalidCursor,
     InvalidTaskSpec,
     Priority,
     TaskEvent,
@@ -290,6 +291,27 @@ async def test_events_stream_every_change_in_order(tm: Taskmill):
         EventKind.PROGRESS,
         EventKind.COMPLETED,
     ]
+
+
+async def test_events_resume_after_a_cursor_and_refuse_one_the_store_did_not_write(
+    tm: Taskmill,
+):
+    stream = await tm.subscribe()
+    first = await tm.enqueue("job")
+    async with asyncio.timeout(10):
+        seen = await anext(stream)
+    await stream.aclose()  # type: ignore[attr-defined]
+    assert seen.task.id == first.id
+    second = await tm.enqueue("job")
+    resumed = tm.events(since=seen.cursor)
+    async with asyncio.timeout(10):
+        after = await anext(resumed)
+    await resumed.aclose()  # type: ignore[attr-defined]
+    assert after.task.id == second.id and seen.cursor < after.cursor
+    for foreign in ("", "not-a-cursor", f"{seen.cursor}.0"):
+        refused = tm.events(since=foreign)
+        with pytest.raises(InvalidCursor, match=r"TaskEvent\.cursor"):
+            await anext(refused)
 
 
 async def test_for_app_stamps_and_isolates(tm: Taskmill):

@@ -142,7 +142,7 @@ async def test_a_page_that_lost_its_stream_reconnects_and_misses_no_event(
             # from where the page stopped, would never see it.
             _, after_cancel = await taskmill.storage.read_events(None)
             await service.hub.start()
-            await wait_for(lambda: service.hub.position.task >= after_cancel)
+            await wait_for(lambda: not service.hub.position.task < after_cancel)
             resumed_from.clear()
             await page.unroute("**/ui/events*")
             row = page.locator(f'tr[data-task-id="{task.id}"] [data-status]')

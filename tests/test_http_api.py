@@ -15,6 +15,7 @@ from taskmill import (
     InvalidParams,
     InvalidTaskSpec,
     InvalidTransition,
+    TaskEvent,
     TaskFilter,
     Taskmill,
     TaskNotFound,
@@ -22,6 +23,7 @@ from taskmill import (
     WaitTimeout,
 )
 from taskmill_http import Client, Limits, PermissionDenied, Tokens, Unauthorized, create_app
+from taskmill_http.bodies import json_schema
 from taskmill_http.service import TASK_ENDPOINTS
 
 from tests.http_support import TOKENS, serve
@@ -394,6 +396,14 @@ async def test_the_openapi_document_describes_every_route_served(http: httpx.Asy
     spec = document["components"]["schemas"]["TaskSpecBody"]
     assert spec["required"] == ["task_type"] and spec["additionalProperties"] is False
     assert {"201", "401", "413", "422"} <= set(create["responses"])
+    # An event's cursor is the store's opaque token, and a bad resume position a 422.
+    components: dict[str, Any] = {}
+    json_schema(TaskEvent, components)
+    assert components["TaskEvent"]["properties"]["cursor"] == {"type": "string"}
+    events = document["paths"]["/v1/events"]["get"]
+    assert "422" in events["responses"]
+    (since,) = [p for p in events["parameters"] if p["name"] == "since"]
+    assert since["schema"]["type"] == "string"
 
 
 # -- the Python client ---------------------------------------------------------------------

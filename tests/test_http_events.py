@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from taskmill import EventKind, TaskEvent, Taskmill, TaskStatus
+from taskmill import EventKind, InvalidCursor, TaskEvent, Taskmill, TaskStatus
 from taskmill_http import Client, Limits, create_app
 from taskmill_http.events_client import ServerEvent, server_events
 
@@ -124,6 +124,39 @@ async def test_a_filter_naming_another_app_is_refused(base_url: str):
             headers={"Authorization": "Bearer tok-photos"},
         )
         assert bad.status_code == 422
+
+
+async def test_a_position_the_store_did_not_write_is_refused_with_a_json_422(
+    base_url: str, tm: Taskmill
+):
+    await tm.enqueue("t")
+    _, mine = await tm.storage.read_events(None)
+    auth = {"Authorization": "Bearer tok-photos"}
+    async with httpx.AsyncClient(base_url=base_url) as http:
+        async with http.stream(
+            "GET", "/v1/events", params={"since": f"{mine}.1"}, headers=auth
+        ) as good:
+            assert good.status_code == 200  # the store's own token is accepted
+        for position in ("7", "12.5", "yesterday", f"x{mine}"):
+            for resume in ({"Last-Event-ID": position}, {}):
+                params = {} if resume else {"since": position}
+                bad = await http.get("/v1/events", params=params, headers={**auth, **resume})
+                assert bad.status_code == 422, position
+                error = bad.json()["error"]
+                assert error["code"] == "invalid_cursor"
+                assert "event id" in error["message"]
+        malformed = await http.get("/v1/events", params={"since": f"{mine}.x"}, headers=auth)
+        assert malformed.status_code == 422
+        assert malformed.json()["error"]["code"] == "invalid_query"
+
+
+async def test_the_client_raises_invalid_cursor_for_a_token_the_store_did_not_write(
+    base_url: str,
+):
+    async with Client(base_url, "tok-photos") as client:
+        stream = client.events(since="not-a-cursor")
+        with pytest.raises(InvalidCursor, match="event id"):
+            await anext(stream)
 
 
 async def test_a_dropped_connection_resumes_without_losing_or_repeating_events(

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from taskmill.backends.memory import MemoryStorage
 from taskmill.backends.sqlite import SQLiteStorage, claim_statement
+from taskmill.cursors import position_token, token_position
 from taskmill.model import (
     AttemptOutcome,
     CancelReason,
@@ -91,7 +92,7 @@ async def _read_back(url: str) -> tuple[list[Task], list[TaskEvent]]:
     await store.open()
     try:
         tasks = await store.query(TaskFilter(dedupe_key="same"), limit=1000)
-        events, _ = await store.read_events(0, limit=1000)
+        events, _ = await store.read_events(position_token(0), limit=1000)
     finally:
         await store.close()
     return tasks, events
@@ -201,7 +202,8 @@ def test_a_claim_entirely_suspended_runs_no_statement():
 
 async def test_event_reads_and_cancel_lookups_use_indexes(store: SQLiteStorage):
     await store.enqueue([new_task() for _ in range(20)])
-    _, cursor = await store.read_events(None)
+    _, token = await store.read_events(None)
+    cursor = token_position(token)
     with raw(store) as conn:
         # One read: a rowid range of events, each joined to its task by rowid.
         sql, _ = conn.execute("SELECT sql, 0 FROM sqlite_master WHERE name = 'events'").fetchone()
@@ -217,7 +219,7 @@ async def test_event_reads_and_cancel_lookups_use_indexes(store: SQLiteStorage):
         assert "TEMP B-TREE" not in read, read
         children = _plan(conn, "SELECT id, parent_id FROM tasks WHERE parent_id IN (?, ?)", [1, 2])
         assert "tasks_parent" in children, children
-    events, _ = await store.read_events(cursor - 5)
+    events, _ = await store.read_events(position_token(cursor - 5))
     assert len(events) == 5
 
 
@@ -234,14 +236,19 @@ async def test_events_of_deleted_tasks_are_skipped_even_when_their_rowid_is_reus
     (new,) = await store.enqueue([new_task()])
     with raw(store) as conn:
         (new_seq,) = conn.execute("SELECT seq FROM tasks WHERE id = ?", (new.id,)).fetchone()
-        logged = conn.execute("SELECT count(*) FROM events WHERE seq > ?", (start,)).fetchone()
+        logged = conn.execute(
+            "SELECT count(*) FROM events WHERE seq > ?", (token_position(start),)
+        ).fetchone()
     assert new_seq == old_seq, "SQLite reuses the rowid of a deleted newest row"
     assert logged == (4,)  # the old task's three events are still stored
     events, cursor = await store.read_events(start)
     assert [(e.task.id, e.kind) for e in events] == [(new.id, EventKind.ENQUEUED)]
-    assert cursor == events[0].cursor == start + 4
+    assert cursor == events[0].cursor == position_token(token_position(start) + 4)
     # A page made only of skipped events still moves the cursor past them.
-    assert await store.read_events(start, limit=2) == ([], start + 2)
+    assert await store.read_events(start, limit=2) == (
+        [],
+        position_token(token_position(start) + 2),
+    )
 
 
 async def test_prune_deletes_the_old_prefix_of_the_log(store: SQLiteStorage):
@@ -251,8 +258,8 @@ async def test_prune_deletes_the_old_prefix_of_the_log(store: SQLiteStorage):
         conn.execute("UPDATE events SET at = at - 7200000000 WHERE seq <= 3")
     assert await store.prune_events(timedelta(hours=3)) == 0
     assert await store.prune_events(timedelta(hours=1)) == 3
-    events, _ = await store.read_events(0)
-    assert [e.cursor for e in events] == [4, 5]
+    events, _ = await store.read_events(position_token(0))
+    assert [e.cursor for e in events] == [position_token(4), position_token(5)]
 
 
 # -- cancellation ------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import pytest
 from taskmill.backends.sqlite import SQLiteStorage, latest_version
 from taskmill.backends.sqlite.schema import migrations, split_statements, statements
 from taskmill.cli import main as cli_main
+from taskmill.cursors import position_token
 from taskmill.errors import SchemaVersionError, StorageUnavailable
 from taskmill.model import CancelReason, EventKind, TaskFilter, TaskStatus
 from taskmill.testing import claim, finish, new_task
@@ -216,13 +217,13 @@ async def test_a_version_1_database_migrates_to_the_current_schema_with_its_task
         assert [await store.get(t.id) for t in (done, running, pending)] == before
         assert [await store.attempts(t.id) for t in (done, running, pending)] == log
         # The control features work on the migrated data.
-        assert await store.read_events(None) == ([], 0)
+        assert await store.read_events(None) == ([], position_token(0))
         assert await store.suspensions() == []
         (stopped,) = await store.cancel(task_ids=[running.id], reason=CancelReason.USER)
         assert stopped.status is TaskStatus.CANCELLED
         (follower,) = await store.enqueue([new_task("b", dedupe_key="k")])
         assert follower.alias_of == pending.id
-        events, _ = await store.read_events(0)
+        events, _ = await store.read_events(position_token(0))
         assert [(e.task.id, e.kind) for e in events] == [
             (running.id, EventKind.CANCELLED),
             (follower.id, EventKind.ENQUEUED),

@@ -60,6 +60,16 @@ class InvalidTransition(TaskmillError):
     """The task is not in a state that allows this operation."""
 
 
+class InvalidCursor(TaskmillError, ValueError):
+    """The event cursor was not written by this store.
+
+    Pass back only a cursor this store handed out: an event's ``TaskEvent.cursor``,
+    or the cursor ``read_events`` returns alongside its events (``tm.events(since=...)``
+    takes the same). Cursors are opaque tokens; one from another store, or one built
+    by hand, is refused.
+    """
+
+
 class HandlerConflict(TaskmillError):
     """Two handlers were registered for the same (app_id, task_type)."""
 

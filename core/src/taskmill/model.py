@@ -335,5 +335,8 @@ class TaskEvent:
     task: Task
     status: TaskStatus
     at: datetime = attrs.field(validator=_utc)
-    cursor: int = 0
-    """Position in the store's event log (increasing per store)."""
+    cursor: str
+    """Position in the store's event log: an opaque token that compares with ``<`` in
+    commit order against the other tokens of the same store (see
+    :meth:`taskmill.storage.TaskStorage.read_events`); pass it to
+    ``tm.events(since=...)`` to resume after this event."""

@@ -356,14 +356,16 @@ class TaskOperations:
         self,
         filter: TaskFilter | None = None,
         *,
-        since: int | None = None,
+        since: str | None = None,
         poll_interval: float = 0.1,
     ) -> AsyncIterator[TaskEvent]:
         """Every change to the selected tasks, from every process sharing the store: an
         endless async iterator (break out of it to stop).
 
         It starts where the log is when iteration begins, or right after cursor
-        ``since`` (an ``event.cursor`` seen earlier: resume without a gap). Use
+        ``since`` (an ``event.cursor`` seen earlier, an opaque token: resume without a
+        gap; a token the store did not write raises
+        :class:`~taskmill.errors.InvalidCursor` on the first read). Use
         :meth:`subscribe` to fix the starting point before iterating. Delivery is at
         least once and in commit order (so in order per task). ``event.task`` is the
         snapshot when the event is read; ``event.status`` is the status the change
@@ -383,7 +385,7 @@ class TaskOperations:
         return self._event_stream(filter, cursor, poll_interval)
 
     async def _event_stream(
-        self, filter: TaskFilter | None, since: int | None, poll_interval: float
+        self, filter: TaskFilter | None, since: str | None, poll_interval: float
     ) -> AsyncIterator[TaskEvent]:
         self._host._check_open()
         selected = self._scoped(filter) if (filter or self._app_id) else None

@@ -88,9 +88,9 @@ class StorageCapabilities:
     with the settlement of its aliases, a cascading cancel) commits them together: a
     reader through another store object sees all of them or none."""
     commit_ordered_cursors: bool = True
-    """Event cursors follow commit order across every store object: a reader polling
-    :meth:`TaskStorage.read_events` while others write sees each event exactly once,
-    never passing an event that commits later."""
+    """Event cursors (opaque tokens, ordered by ``<``) follow commit order across every
+    store object: a reader polling :meth:`TaskStorage.read_events` while others write
+    sees each event exactly once, never passing an event that commits later."""
     handler_registrations: bool = False
     """The backend keeps :class:`HandlerRegistration` records (the ``*_handler_
     registration`` methods work)."""
@@ -556,17 +556,31 @@ class TaskStorage(abc.ABC):
 
     @abc.abstractmethod
     async def read_events(
-        self, after: int | None, *, limit: int = 1000
-    ) -> tuple[list[TaskEvent], int]:
+        self, after: str | None, *, limit: int = 1000
+    ) -> tuple[list[TaskEvent], str]:
         """Events recorded after cursor ``after``, oldest first, at most ``limit``.
 
         Every state change (enqueue, claim, progress, each finish kind, rescue, cancel,
         stop request, redrive) appends an event in the same transaction as the change,
-        so a reader never sees a change without its event. Cursors increase in commit
-        order. ``after`` None reads nothing and returns the current cursor: the point a
-        new subscriber starts from. Events of tasks deleted since are skipped.
+        so a reader never sees a change without its event. ``after`` None reads nothing
+        and returns the current cursor: the point a new subscriber starts from. Events
+        of tasks deleted since are skipped.
+
+        A cursor is an opaque token the store writes, a store can use what it has:
+
+        - it is a non-empty ``str`` without ``"."`` (taskmill-http joins it with its
+          own sequence into an SSE id ``T.L``);
+        - tokens of one store compare with ``<`` in commit order: an event's
+          ``TaskEvent.cursor`` is greater than the cursor of every event committed
+          before it, and the returned cursor is never less than ``after``. Callers
+          compare tokens only that way, never as numbers;
+        - a store whose positions are integers writes them with
+          :func:`taskmill.cursors.position_token` (fixed width, so string order is
+          numeric order) instead of an encoding of its own.
 
         :returns: the events and the cursor to pass next time.
+        :raises InvalidCursor: ``after`` is not a token this store wrote (checked
+            whatever ``limit`` is, so ``limit=0`` validates a token).
         """
 
     @abc.abstractmethod

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any, Final, TypeAlias
 
 import asyncpg
+from taskmill.cursors import position_token
 from taskmill.model import Task, TaskEvent
 from taskmill.sql.rows import (
     KIND,
@@ -64,4 +65,6 @@ def claim_order(rows: list[asyncpg.Record]) -> list[Task]:
 def event(r: Row, snapshot: Task) -> TaskEvent:
     """An event-log row (seq, kind, status, at, ...) with its task's snapshot."""
     at: datetime = r[3]
-    return TaskEvent(kind=KIND[r[1]], task=snapshot, status=STATUS[r[2]], at=at, cursor=r[0])
+    return TaskEvent(
+        kind=KIND[r[1]], task=snapshot, status=STATUS[r[2]], at=at, cursor=position_token(r[0])
+    )

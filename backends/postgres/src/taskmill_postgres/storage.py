@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 import attrs
+from taskmill.cursors import position_token, token_position
 from taskmill.errors import (
     InvalidTaskSpec,
     StorageUnavailable,
@@ -957,19 +958,22 @@ class PostgresStorage(TaskStorage):
         return scopes
 
     async def read_events(
-        self, after: int | None, *, limit: int = 1000
-    ) -> tuple[list[TaskEvent], int]:
+        self, after: str | None, *, limit: int = 1000
+    ) -> tuple[list[TaskEvent], str]:
         """Up to ``limit`` events after cursor ``after`` in seq (commit) order, each
         with its task's current snapshot, from one ``SELECT``. ``after`` None returns
         the cursor of the last event committed. Events whose task was deleted are
-        skipped, and the returned cursor moves past them too."""
+        skipped, and the returned cursor moves past them too. Cursors are the seq
+        written by :func:`taskmill.cursors.position_token`; any other ``after`` raises
+        :class:`~taskmill.errors.InvalidCursor`."""
         if after is None:
-            return [], await self._run(self._current_cursor)
+            return [], position_token(await self._run(self._current_cursor))
+        position = token_position(after)
         if limit <= 0:
             return [], after
 
         async def read(conn: Conn) -> list[Record]:
-            return list(await conn.fetch(self.sql.read_events, after, limit))
+            return list(await conn.fetch(self.sql.read_events, position, limit))
 
         found = await self._run(read)
         if not found:
@@ -984,7 +988,7 @@ class PostgresStorage(TaskStorage):
             if snapshot is None:
                 snapshot = snapshots[task_id] = rows.task(row[4:])
             events.append(rows.event(row, snapshot))
-        return events, int(found[-1][0])
+        return events, position_token(int(found[-1][0]))
 
     async def _current_cursor(self, conn: Conn) -> int:
         last: int | None = await conn.fetchval(self.sql.last_event)

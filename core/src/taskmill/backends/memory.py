@@ -19,6 +19,7 @@ from typing import Any, Self
 
 import attrs
 
+from taskmill.cursors import position_token, token_position
 from taskmill.errors import InvalidURL, StorageUnavailable, TaskNotFound
 from taskmill.lifecycle import (
     CANCELLATION,
@@ -617,17 +618,18 @@ class MemoryStorage(TaskStorage):
         return sorted(self._suspended, key=lambda s: (s.task_type or "", s.app_id or ""))
 
     async def read_events(
-        self, after: int | None, *, limit: int = 1000
-    ) -> tuple[list[TaskEvent], int]:
+        self, after: str | None, *, limit: int = 1000
+    ) -> tuple[list[TaskEvent], str]:
         self._check_open()
         if after is None:
-            return [], self._event_seq
+            return [], position_token(self._event_seq)
+        position = token_position(after)
         rows = self._events
-        start = bisect.bisect_right(rows, after, key=lambda row: row[0])
+        start = bisect.bisect_right(rows, position, key=lambda row: row[0])
         events: list[TaskEvent] = []
         cursor = after
-        for seq, kind, task_id, status, at in rows[start : start + limit]:
-            cursor = seq
+        for seq, kind, task_id, status, at in rows[start : start + max(limit, 0)]:
+            cursor = position_token(seq)
             task = self._tasks.get(task_id)
             if task is not None:
                 events.append(
@@ -636,7 +638,7 @@ class MemoryStorage(TaskStorage):
                         task=task,
                         status=TaskStatus(status),
                         at=from_timestamp(at),
-                        cursor=seq,
+                        cursor=cursor,
                     )
                 )
         return events, cursor

@@ -7,6 +7,8 @@
 - :mod:`taskmill.sql.urls`: URL options checked against a documented list, and password
   redaction.
 - :mod:`taskmill.migrations`: the migration files and the one migration runner.
+- :mod:`taskmill.cursors`: event-log positions written as the opaque, ordered cursor
+  tokens of the storage contract (the memory store uses it too).
 
 See docs/backends.md ("Writing a SQL backend") for how a backend uses them.
 """

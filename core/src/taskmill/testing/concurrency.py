@@ -256,7 +256,7 @@ class ConcurrencyContract:
         reader_store = await storage_factory()
         _, start = await reader_store.read_events(None)
         writing_done = asyncio.Event()
-        seen: list[object] = []
+        seen: list[str] = []
 
         async def reader() -> None:
             cursor = start
@@ -282,6 +282,8 @@ class ConcurrencyContract:
         everything = await read_all_events(reader_store, start)
         assert len(everything) > 90
         assert seen == [e.cursor for e in everything]
+        # Commit order is token order, across the stores that wrote them.
+        assert all(a < b for a, b in zip([start, *seen], seen, strict=False))
 
     @requires("shared_between_processes", "transactions_across_records")
     async def test_another_store_sees_a_batch_enqueue_whole_or_not_at_all(

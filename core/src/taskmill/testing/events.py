@@ -1,7 +1,8 @@
 """Contract: the event log (SPEC 5.10).
 
-Cursors are opaque: the suite compares them only for equality and relies on the order
-in which the store returns events, never on their values.
+Cursors are opaque tokens: the suite compares them only as the contract allows (for
+equality, and with ``<`` between tokens of one store, which orders them as the events
+committed), never by their values or as numbers.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from datetime import timedelta
 
 import pytest
 
+from taskmill.errors import InvalidCursor
 from taskmill.model import CancelReason, EventKind, Progress, TaskEvent, TaskStatus
 from taskmill.storage import FinishKind, ProgressUpdate, TaskStorage
 from taskmill.testing.helpers import claim, finish, lease_of, new_task, wait_until
@@ -18,7 +20,7 @@ __all__ = ["EventContract", "read_all_events"]
 
 
 async def read_all_events(
-    storage: TaskStorage, after: int | None, *, limit: int = 1000
+    storage: TaskStorage, after: str | None, *, limit: int = 1000
 ) -> list[TaskEvent]:
     """Every event after cursor ``after``, read page by page (``limit`` a page)."""
     events: list[TaskEvent] = []
@@ -61,6 +63,33 @@ class EventContract:
         assert len(set(cursors)) == len(cursors)
         assert end == cursors[-1]
         assert await storage.read_events(end) == ([], end)
+
+    async def test_cursors_are_tokens_ordered_as_the_events_committed(
+        self, storage: TaskStorage
+    ) -> None:
+        _, start = await storage.read_events(None)
+        for _ in range(12):  # past one digit, where a variable-width number misorders
+            (task,) = await storage.enqueue([new_task()])
+            await storage.cancel(task_ids=[task.id])
+        events = await read_all_events(storage, start, limit=5)
+        cursors = [e.cursor for e in events]
+        assert len(cursors) == 24
+        for token in [start, *cursors]:
+            assert isinstance(token, str) and token and "." not in token
+        assert all(a < b for a, b in zip([start, *cursors], cursors, strict=False))
+        _, now = await storage.read_events(None)
+        assert now == cursors[-1]
+        # A page that reads nothing hands back the cursor it was given.
+        assert await storage.read_events(start, limit=0) == ([], start)
+
+    async def test_a_cursor_the_store_did_not_write_is_refused(self, storage: TaskStorage) -> None:
+        await storage.enqueue([new_task()])
+        _, mine = await storage.read_events(None)
+        for foreign in ("", "not a cursor", f"{mine}.1", "-1"):
+            with pytest.raises(InvalidCursor, match="read_events"):
+                await storage.read_events(foreign)
+            with pytest.raises(InvalidCursor):
+                await storage.read_events(foreign, limit=0)
 
     async def test_the_event_log_reads_in_pages_that_join_up(self, storage: TaskStorage) -> None:
         _, start = await storage.read_events(None)

@@ -51,7 +51,7 @@ def _finish_row_id(row: FinishRow) -> str:
 _REACHABLE_RESCUES = (RescueCase.RELEASE, RescueCase.RETRY, RescueCase.GIVE_UP)
 
 
-async def _events_of(storage: TaskStorage, after: int, task_id: str) -> list[TaskEvent]:
+async def _events_of(storage: TaskStorage, after: str, task_id: str) -> list[TaskEvent]:
     events, _ = await storage.read_events(after)
     return [e for e in events if e.task.id == task_id]
 
@@ -93,7 +93,7 @@ def _check_written(
         assert after.run_at >= before.started_at  # type: ignore[operator]
 
 
-async def _check_alias(storage: TaskStorage, alias_id: str, leader: Task, after: int) -> None:
+async def _check_alias(storage: TaskStorage, alias_id: str, leader: Task, after: str) -> None:
     """A PENDING alias settles with its leader when (and only when) the leader ends."""
     alias = await _stored(storage, alias_id)
     if not leader.status.terminal:

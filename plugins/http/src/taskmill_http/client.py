@@ -2,8 +2,8 @@
 
 The methods take the arguments of ``tm.for_app(app_id)``'s, return the same taskmill
 models and raise the same taskmill exceptions (``TaskNotFound``, ``InvalidParams``,
-``InvalidTaskSpec``, ``InvalidTransition``, ``StorageUnavailable``, ``WaitTimeout``),
-mapped from the service's error codes. The app is the token's: it is never sent.
+``InvalidTaskSpec``, ``InvalidTransition``, ``InvalidCursor``, ``StorageUnavailable``,
+``WaitTimeout``), mapped from the service's error codes. The app is the token's: it is never sent.
 """
 
 from __future__ import annotations
@@ -268,7 +268,7 @@ class Client:
         return converter.structure(found, ProgressSummary)
 
     def events(
-        self, filter: TaskFilter | None = None, *, since: int | str | None = None
+        self, filter: TaskFilter | None = None, *, since: str | None = None
     ) -> AsyncIterator[TaskEvent]:
         """Changes to this app's tasks, live, from ``GET /v1/events``: an endless async
         iterator of ``TaskEvent`` (break out of it to stop). After a dropped connection
@@ -276,6 +276,8 @@ class Client:
 
         :param since: start after this position (an ``event.cursor`` seen earlier, or
             an SSE id ``T.L``); default: from now.
+        :raises InvalidCursor: on the first ``anext()``, for a position whose cursor the
+            service's store did not write.
         """
         from taskmill_http.events_client import task_events
 

@@ -8,6 +8,7 @@ taskmill exception the same call raises in process); the message is for people.
 from __future__ import annotations
 
 from taskmill.errors import (
+    InvalidCursor,
     InvalidParams,
     InvalidTaskSpec,
     InvalidTransition,
@@ -52,6 +53,7 @@ EXCEPTION_STATUS: tuple[tuple[type[TaskmillError], int, str], ...] = (
     (InvalidParams, 422, "invalid_params"),
     (InvalidTaskSpec, 422, "invalid_task_spec"),
     (InvalidTransition, 409, "invalid_transition"),
+    (InvalidCursor, 422, "invalid_cursor"),
     (StorageUnavailable, 503, "unavailable"),
     (LeaseLost, 409, "lease_lost"),
     (TaskCancelled, 409, "cancelled"),
@@ -70,6 +72,7 @@ CODE_EXCEPTIONS: dict[str, type[TaskmillError]] = {
     "too_many_items": InvalidTaskSpec,
     "body_too_large": InvalidParams,
     "invalid_transition": InvalidTransition,
+    "invalid_cursor": InvalidCursor,
     "unavailable": StorageUnavailable,
     "unauthorized": Unauthorized,
     "admin_only": PermissionDenied,

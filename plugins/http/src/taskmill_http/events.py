@@ -6,10 +6,12 @@ out to every subscriber whose app may see it, so a hundred subscribers cost one 
 per change, not a hundred. Events that live in the service's memory (external job
 updates, app entities) go through the same hub.
 
-Positions: an event's SSE ``id`` is ``T.L`` — ``T`` the store's event cursor, ``L`` the
-hub's own sequence number for in-memory events — the position *after* that event. A
-client that reconnects with ``Last-Event-ID: T.L`` (or ``?since=T.L``) gets every task
-event after ``T`` from the store (within the workers' ``event_retention``) and every
+Positions: an event's SSE ``id`` is ``T.L`` — ``T`` the store's event cursor (an
+opaque token without ``"."``, see :meth:`~taskmill.storage.TaskStorage.read_events`),
+``L`` the hub's own sequence number for in-memory events — the position *after* that
+event. Store tokens are compared only with ``<``, never as numbers. A client that
+reconnects with ``Last-Event-ID: T.L`` (or ``?since=T.L``) gets every task event after
+``T`` from the store (within the workers' ``event_retention``) and every
 in-memory event after ``L`` that this process still holds (the last
 ``local_buffer`` of them), then the live stream: nothing is lost or repeated.
 
@@ -32,6 +34,7 @@ from typing import Any
 
 import attrs
 from taskmill.app import Taskmill
+from taskmill.errors import InvalidCursor
 from taskmill.model import TaskEvent, TaskFilter
 from taskmill.operations import event_matches
 from taskmill.serialization import dumps, to_dict
@@ -53,15 +56,16 @@ READY = "ready"
 OVERFLOW = "overflow"
 """The subscriber fell too far behind and is dropped: reconnect with ``resume_from``."""
 
-_POSITION = re.compile(r"^(\d{1,18})(?:\.(\d{1,22}))?$")
+_POSITION = re.compile(r"^([^.\s]{1,200})(?:\.(\d{1,22}))?$")
 _WAKE = frozenset({StoreChange.EVENTS})
 
 
-@attrs.frozen(order=True)
+@attrs.frozen
 class Position:
-    """Where a subscriber is: after store cursor ``task`` and in-memory seq ``local``."""
+    """Where a subscriber is: after store cursor ``task`` (the store's token) and
+    in-memory seq ``local``."""
 
-    task: int
+    task: str
     local: int
 
     def __str__(self) -> str:
@@ -69,17 +73,20 @@ class Position:
 
     @classmethod
     def parse(cls, text: str) -> Position:
-        """``T.L`` or ``T`` (then: in-memory events from now on).
+        """``T.L`` or ``T`` (then: in-memory events from now on), by its shape only:
+        :meth:`EventHub.resume_position` also asks the store whether ``T`` is its own.
 
         :raises ServiceError: 422 for anything else.
         """
         match = _POSITION.match(text.strip())
         if match is None:
             raise ServiceError(
-                422, "invalid_query", "a position is T.L or T (integers), as sent in an id"
+                422,
+                "invalid_query",
+                "a position is T.L or T (a store cursor, then an integer), as sent in an id",
             )
         local = match.group(2)
-        return cls(int(match.group(1)), -1 if local is None else int(local))
+        return cls(match.group(1), -1 if local is None else int(local))
 
 
 @attrs.define(eq=False)
@@ -117,7 +124,8 @@ def sse_frame(event: str, data: Any, position: Position | None = None) -> str:
 
 class EventHub:
     """Reads the store's event log once per process and fans it out (see the module
-    docstring). Started by the first subscriber; :meth:`close` stops it."""
+    docstring). Started by the first subscriber or in-memory event (:meth:`start`);
+    :meth:`close` stops it."""
 
     def __init__(
         self,
@@ -137,7 +145,7 @@ class EventHub:
         )
         # Sequence numbers go on from a restart: a client's old position is below them.
         self._local_seq = time.time_ns() // 1000
-        self._cursor: int | None = None
+        self._cursor: str | None = None
         self._reader: asyncio.Task[None] | None = None
         self._started = asyncio.Lock()
 
@@ -160,6 +168,22 @@ class EventHub:
             _, self._cursor = await self.tm.storage.read_events(None)
             self._reader = asyncio.create_task(self._read_loop(), name="taskmill-http-events")
 
+    async def resume_position(self, text: str) -> Position:
+        """The position a client sent (``Last-Event-ID`` or ``?since=``), checked.
+
+        :raises ServiceError: 422 ``invalid_query`` for a malformed position.
+        :raises InvalidCursor: (422 ``invalid_cursor``) for a ``T`` this store did not
+            write.
+        """
+        position = Position.parse(text)
+        try:
+            await self.tm.storage.read_events(position.task, limit=0)
+        except InvalidCursor as exc:
+            raise InvalidCursor(
+                f"{exc} (the T of a position T.L, as sent in an event id)"
+            ) from None
+        return position
+
     async def close(self) -> None:
         """Stop reading and end every stream."""
         reader, self._reader = self._reader, None
@@ -176,12 +200,13 @@ class EventHub:
 
     def publish(self, event: str, app_id: str | None, data: Any) -> Position:
         """Send an in-memory event (external job, app entity) to the subscribers that
-        may see ``app_id``'s events; kept for resumes. Returns its position."""
+        may see ``app_id``'s events; kept for resumes. Returns its position. The hub
+        must be started (:meth:`start`): a position names the store's cursor."""
+        if self._cursor is None:
+            raise RuntimeError("EventHub.publish before EventHub.start")
         self._local_seq += 1
         seq = self._local_seq
         self._local.append((seq, app_id, event, data))
-        if self._cursor is None:  # nobody subscribed yet: only resumes will see it
-            return Position(0, seq)
         position = Position(self._cursor, seq)
         frame: str | None = None
         for subscriber in list(self._subscribers):
@@ -256,7 +281,7 @@ class EventHub:
                 since = start
             elif since.local < 0:
                 since = Position(since.task, start.local)
-            position = Position(max(since.task, 0), since.local)
+            position = since
             yield sse_frame(READY, {"position": str(position)}, position)
             async for frame, reached in self._catch_up(subscriber, since, start):
                 position = reached

@@ -53,13 +53,13 @@ async def server_events(response: httpx.Response) -> AsyncIterator[ServerEvent]:
 
 
 async def task_events(
-    client: Client, filter: TaskFilter | None, since: int | str | None
+    client: Client, filter: TaskFilter | None, since: str | None
 ) -> AsyncIterator[TaskEvent]:
     """``TaskEvent`` after ``since`` (default: from now), forever; reconnects after a
     dropped connection or an overflow from the last position it saw."""
     from taskmill_http.client import filter_params, raise_for_error
 
-    position = None if since is None else str(since)
+    position = since
     failures = 0
     while True:
         headers = {} if position is None else {"Last-Event-ID": position}

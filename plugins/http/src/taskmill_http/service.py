@@ -63,7 +63,7 @@ from taskmill_http.bodies import (
 )
 from taskmill_http.coalescing import CreateCoalescer
 from taskmill_http.errors import ServiceError, status_of
-from taskmill_http.events import APP_ENTITY, EXTERNAL_JOB_UPDATE, EventHub, Position
+from taskmill_http.events import APP_ENTITY, EXTERNAL_JOB_UPDATE, EventHub
 from taskmill_http.handler import parse_lease
 from taskmill_http.jobs import (
     CompleteJobBody,
@@ -359,9 +359,9 @@ async def events(call: Call) -> Response:
     request = call.request
     filter = call.filter_from_query()
     resume = request.headers.get("last-event-id") or rq.query_one(request, "since")
-    since = None if resume is None else Position.parse(resume)
     hub = call.service.hub
     await hub.start()
+    since = None if resume is None else await hub.resume_position(resume)
     stream = hub.stream(
         call.caller.app_id,
         None if filter == TaskFilter() else filter,
@@ -378,6 +378,7 @@ async def publish_app_event(call: Call) -> Published:
     rq.check_identifier("kind", body.kind)
     app_id = call.caller.app_id if call.caller.app_id is not None else body.app_id
     data = {"app_id": app_id, "kind": body.kind, "scope": body.scope, "payload": body.payload}
+    await call.service.hub.start()
     position = call.service.hub.publish(APP_ENTITY, app_id, data)
     return Published(position=str(position))
 
@@ -394,18 +395,21 @@ def _published(call: Call, job: ExternalJob) -> ExternalJob:
 
 async def upsert_job(call: Call) -> ExternalJob:
     body = rq.body_as(call.body, UpsertJobBody)
+    await call.service.hub.start()  # its position names the store's cursor
     app_id = _job_app(call, body.app_id)
     return _published(call, call.service.jobs.upsert(app_id, call.path("job_id"), body))
 
 
 async def job_progress(call: Call) -> ExternalJob:
     body = rq.body_as(call.body, ProgressBody)
+    await call.service.hub.start()  # its position names the store's cursor
     job_id = call.path("job_id")
     return _published(call, call.service.jobs.progress(_job_app(call), job_id, body))
 
 
 async def complete_job(call: Call) -> ExternalJob:
     body = rq.body_as(call.body, CompleteJobBody)
+    await call.service.hub.start()  # its position names the store's cursor
     job_id = call.path("job_id")
     return _published(call, call.service.jobs.complete(_job_app(call), job_id, body))
 
@@ -818,11 +822,12 @@ EVENT_ENDPOINTS: tuple[Endpoint, ...] = (
             Param(
                 "since",
                 _STRING,
-                "resume after this position (an event id, T.L); the Last-Event-ID header "
-                "wins over it",
+                "resume after this position (an event id T.L, or T: a task event's "
+                "cursor, an opaque token of the store); the Last-Event-ID header wins "
+                "over it. A position the store did not write is a 422 invalid_cursor",
             ),
         ),
-        errors=(403,),
+        errors=(403, 422),
         description="Events: job_update (a TaskEvent), external_job_update (an external "
         "job snapshot), app_entity (published with POST /v1/app-events); ready opens the "
         "stream and overflow ends it when the subscriber fell behind. Each event's id is "

@@ -39,6 +39,7 @@ from taskmill.backends.sqlite.rows import (
     now_us,
     task,
 )
+from taskmill.cursors import position_token, token_position
 from taskmill.errors import TaskNotFound
 from taskmill.lifecycle import (
     CANCELLATION,
@@ -618,16 +619,17 @@ def suspensions(conn: sqlite3.Connection, _: None) -> list[SuspensionScope]:
 
 
 def read_events(
-    conn: sqlite3.Connection, args: tuple[int | None, int]
-) -> tuple[list[TaskEvent], int]:
+    conn: sqlite3.Connection, args: tuple[str | None, int]
+) -> tuple[list[TaskEvent], str]:
     after, limit = args
     if after is None:
         # The last seq ever assigned (AUTOINCREMENT keeps it even when pruned away).
         last = conn.execute(sql.EVENTS_CURSOR).fetchone()
-        return [], 0 if last is None else int(last[0])
+        return [], position_token(0 if last is None else int(last[0]))
+    position = token_position(after)
     if limit <= 0:
         return [], after
-    rows = conn.execute(sql.READ_EVENTS, (after, limit)).fetchall()
+    rows = conn.execute(sql.READ_EVENTS, (position, limit)).fetchall()
     if not rows:
         return [], after
     snapshots: dict[str, Task] = {}
@@ -641,7 +643,7 @@ def read_events(
         if snapshot is None:
             snapshot = snapshots[task_id] = task(row[start:])
         events.append(event(row, snapshot))
-    return events, int(rows[-1][0])
+    return events, position_token(int(rows[-1][0]))
 
 
 def prune_events(conn: sqlite3.Connection, older_than: timedelta) -> int:

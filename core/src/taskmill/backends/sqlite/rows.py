@@ -11,6 +11,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
+from taskmill.cursors import position_token
 from taskmill.model import Task, TaskEvent
 from taskmill.sql.rows import (
     KIND,
@@ -98,5 +99,5 @@ def event(row: Row, snapshot: Task) -> TaskEvent:
         task=snapshot,
         status=STATUS[row[2]],
         at=as_datetime(row[3]),
-        cursor=row[0],
+        cursor=position_token(row[0]),
     )

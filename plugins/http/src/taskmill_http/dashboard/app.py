@@ -33,14 +33,13 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response, Stream
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from taskmill.errors import TaskmillError
+from taskmill.errors import InvalidCursor, TaskmillError
 from taskmill.model import Task, TaskFilter, TaskStatus
 
 from taskmill_http import requests as rq
 from taskmill_http.dashboard.listing import ListQuery, list_page
 from taskmill_http.dashboard.overview import ThroughputMeter, overview
 from taskmill_http.errors import ServiceError, status_of
-from taskmill_http.events import Position
 from taskmill_http.tokens import Caller
 
 if TYPE_CHECKING:  # the service builds the dashboard: no import at run time
@@ -357,12 +356,12 @@ class Dashboard:
             rq.ensure_own_app(caller.app_id, app_id)
             types = tuple(rq.query_values(request, "task_type")) or None
             resume = request.headers.get("last-event-id") or rq.query_one(request, "since")
-            since = None if resume is None else Position.parse(resume)
-        except ServiceError as exc:
-            return Response(str(exc), exc.status, media_type="text/plain")
+            hub = self.service.hub
+            await hub.start()
+            since = None if resume is None else await hub.resume_position(resume)
+        except (ServiceError, InvalidCursor) as exc:
+            return Response(str(exc), status_of(exc)[0], media_type="text/plain")
         filter = TaskFilter(app_id=app_id, task_types=types)
-        hub = self.service.hub
-        await hub.start()
         frames = hub.stream(
             caller.app_id,
             None if filter == TaskFilter() else filter,
