@@ -12,6 +12,7 @@ from typing import Any
 import aiomysql
 import pymysql
 import pytest
+from taskmill.cursors import position_token, token_position
 from taskmill.discovery import storage_for_url
 from taskmill.errors import InvalidURL, SchemaVersionError, StorageUnavailable
 from taskmill.storage import TaskStorage
@@ -286,7 +287,12 @@ async def test_an_event_writer_waits_for_the_one_before_it_to_commit(mysql_url: 
             (first.id, "progress"),
             (later.id, "enqueued"),
         ]
-        assert [e.cursor for e in events] == [start + 1, start + 2] and cursor_now == start + 2
+        first_seq = token_position(start)
+        assert [e.cursor for e in events] == [
+            position_token(first_seq + 1),
+            position_token(first_seq + 2),
+        ]
+        assert cursor_now == position_token(first_seq + 2)
     finally:
         held.close()
         await store.close()

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final
 
+from taskmill.cursors import position_token, token_position
 from taskmill.errors import TaskNotFound
 from taskmill.lifecycle import (
     CANCELLATION,
@@ -684,14 +685,15 @@ async def suspensions(s: Session, _: None) -> list[SuspensionScope]:
     return scopes
 
 
-async def read_events(s: Session, args: tuple[int | None, int]) -> tuple[list[TaskEvent], int]:
+async def read_events(s: Session, args: tuple[str | None, int]) -> tuple[list[TaskEvent], str]:
     after, limit = args
     if after is None:
         last = await s.fetchone(sql.EVENT_CURSOR)
-        return [], 0 if last is None else int(last[0])
+        return [], position_token(0 if last is None else int(last[0]))
+    position = token_position(after)
     if limit <= 0:
         return [], after
-    rows = await s.fetchall(sql.READ_EVENTS, (after, limit))
+    rows = await s.fetchall(sql.READ_EVENTS, (position, limit))
     if not rows:
         return [], after
     snapshots: dict[str, Task] = {}
@@ -705,7 +707,7 @@ async def read_events(s: Session, args: tuple[int | None, int]) -> tuple[list[Ta
         if snapshot is None:
             snapshot = snapshots[task_id] = task(row[start:])
         events.append(event(row, snapshot))
-    return events, int(rows[-1][0])
+    return events, position_token(int(rows[-1][0]))
 
 
 async def prune_events(s: Session, older_than: timedelta) -> int:

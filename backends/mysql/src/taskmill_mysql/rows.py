@@ -12,6 +12,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from taskmill.cursors import position_token
 from taskmill.model import Task, TaskEvent
 from taskmill.sql.rows import (
     KIND,
@@ -88,5 +89,5 @@ def event(row: Row, snapshot: Task) -> TaskEvent:
         task=snapshot,
         status=STATUS[row[2]],
         at=as_datetime(row[3]),
-        cursor=int(row[0]),
+        cursor=position_token(int(row[0])),
     )

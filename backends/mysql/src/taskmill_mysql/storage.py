@@ -358,11 +358,13 @@ class MySQLStorage(TaskStorage):
         return await self._read(operations.suspensions, None)
 
     async def read_events(
-        self, after: int | None, *, limit: int = 1000
-    ) -> tuple[list[TaskEvent], int]:
+        self, after: str | None, *, limit: int = 1000
+    ) -> tuple[list[TaskEvent], str]:
         """Up to ``limit`` events after cursor ``after`` in commit order, each with its
         task's current snapshot; ``after`` None returns the cursor of the last event
-        committed. Events whose task was deleted are skipped."""
+        committed. Events whose task was deleted are skipped. Cursors are the event seq
+        written by :func:`taskmill.cursors.position_token`; any other ``after`` raises
+        :class:`~taskmill.errors.InvalidCursor`."""
         return await self._read(operations.read_events, (after, limit))
 
     async def prune_events(self, older_than: timedelta) -> int:
