@@ -17,6 +17,10 @@ that only read (``taskmill ls``, ``show``, ``stats``, ``plugins``) load with
 Hook calls are cheap when nobody listens: which plugins implement which hook is worked
 out once per registration, and the ``observes_*``/``intercepts_handlers`` flags let the
 hot paths skip a hook without a call.
+
+Why one long module: the :class:`Plugins` facade is the one place that calls hooks
+(STYLE: no ``pm.hook.x`` scattered through the code), so every hook's call, with its
+error handling, lives here.
 """
 
 from __future__ import annotations

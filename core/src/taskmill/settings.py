@@ -22,6 +22,10 @@ URL names, such as ``pool_max_size``) go in a ``storage`` table of the file, or 
 The Python API reads none of this by itself (only ``$TASKMILL_URL`` and the plugin
 lists): code that wants the same settings calls :func:`load_settings` and passes
 :meth:`Settings.taskmill_options` and :meth:`Settings.worker_options` on.
+
+Why one long module: most of it is the table of settings (each field's kind, default,
+help and section), the one table the command line, the environment, the file and
+`taskmill config` are generated from.
 """
 
 from __future__ import annotations

@@ -10,6 +10,11 @@ other workers' expired leases.
 A handler that raises :class:`~taskmill.Detached` hands its attempt over to another owner
 (an HTTP receiver that answered 202): the worker frees the slot and forgets the attempt;
 the owner reports its progress and outcome through the store, fenced by the lease.
+
+Why one long module: the claim loop, the slots and the background duties (renewal,
+watch, rescue, flushing outcomes) share one worker's state, and the stop path must reach
+all of it at once; the options (worker_options.py), the host protocol (worker_host.py),
+tracebacks and the waiting helpers live in their own modules.
 """
 
 from __future__ import annotations

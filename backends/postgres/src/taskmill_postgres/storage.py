@@ -20,6 +20,11 @@ Design:
   a race for a leader is retried and becomes an alias (:meth:`PostgresStorage.enqueue`).
 - The database clock (``now()``) is the store clock: every worker on every machine
   agrees on it.
+
+Why one long module: one method per operation of the storage contract, each a thin
+wrapper that runs its statement (statements.py) on the pool with the connection-loss
+handling they share; the SQL, rows, options, schema and listener live in their own
+modules.
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@ operation as ``tm.for_app(app_id)`` for an app token, or as ``tm`` itself for an
 token: a task of another app is 404, a filter naming another app is 403, an ``app_id``
 in an app token's body is 422. Errors are ``{"error": {"code", "message"}}``; bad input
 is never a 500.
+
+Why one long module: it is the route table of SPEC section 10, one small handler per
+endpoint in the order of the OpenAPI document; the bodies, errors, tokens, events and
+jobs live in their own modules.
 """
 
 from __future__ import annotations
