@@ -9,6 +9,11 @@ or redrive decision is read from the kernel. Without ``RETURNING``, an operation
 its rows first (``FOR UPDATE``; ``SKIP LOCKED`` for claims and rescues), updates them by
 ``seq`` and reads them back in the same transaction. The store clock is the server's
 (``NOW(6)``, read once per operation).
+
+Why one long module: one short function per operation of the storage contract (the
+same transaction boundary as SQLite's operations.py), sharing the helpers that lock,
+read back, settle aliases and append events; splitting them by topic would scatter
+those helpers. The SQL, rows, options, schema and connections live in their own modules.
 """
 
 from __future__ import annotations
