@@ -1,0 +1,143 @@
+"""``taskmill worker --processes N`` against one process, for CPU-bound sync handlers.
+
+Each task runs about ``--cpu-ms`` milliseconds of pure Python (a loop calibrated once,
+before the runs). The tasks are enqueued, then drained by the real command,
+``taskmill worker --processes N --until-idle``, timed from its start to its exit (so
+the children's start-up counts against the supervisor, as it would for a user). Every
+run checks that every task ended COMPLETED with one attempt. Results are printed and,
+unless ``--no-record``, written to ``bench/results/processes-<time>.json``.
+
+    uv run python bench/processes.py --url sqlite:///tmp/p.db --tasks 400 --processes 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from taskmill import TaskFilter, Taskmill, TaskStatus
+
+HANDLERS = '''
+"""The benchmark's CPU-bound handler: about CPU_LOOPS iterations of pure Python."""
+import os
+
+LOOPS = int(os.environ["CPU_LOOPS"])
+
+
+def register(tm):
+    @tm.handler("bench.cpu", max_retries=0)
+    def cpu(ctx, params):
+        total = 0
+        for i in range(LOOPS):
+            total += i * i % 7
+        return total
+'''
+
+
+def _loops_for(cpu_ms: float) -> int:
+    """How many iterations of the handler's loop take ``cpu_ms`` here."""
+    loops = 100_000
+    started = time.process_time()
+    total = 0
+    for i in range(loops):
+        total += i * i % 7
+    took = time.process_time() - started
+    return max(1, int(loops * (cpu_ms / 1000) / took))
+
+
+async def _enqueue(url: str, tasks: int) -> None:
+    async with Taskmill(url, plugins=False) as tm:
+        await tm.enqueue_many([{"task_type": "bench.cpu"} for _ in range(tasks)])
+
+
+async def _check(url: str, tasks: int) -> int:
+    async with Taskmill(url, plugins=False) as tm:
+        done = await tm.query(TaskFilter(task_types=("bench.cpu",)), limit=tasks + 1)
+        assert len(done) == tasks, len(done)
+        assert all(t.status is TaskStatus.COMPLETED and t.attempts == 1 for t in done)
+        return len(done)
+
+
+def _drain(url: str, processes: int, concurrency: int, workdir: Path, loops: int) -> float:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKMILL_")}
+    env["PYTHONPATH"] = str(workdir)
+    env["CPU_LOOPS"] = str(loops)
+    command = [sys.executable, "-m", "taskmill", "--url", url, "worker", "--import"]
+    command += ["bench_cpu_handlers", "--until-idle", "--processes", str(processes)]
+    command += ["--concurrency", str(concurrency), "--reserved-high", "0"]
+    started = time.perf_counter()
+    process = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    took = time.perf_counter() - started
+    if process.returncode != 0:
+        raise SystemExit(f"worker failed ({process.returncode}):\n{process.stderr[-3000:]}")
+    return took
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", required=True, help="a store shared between processes")
+    parser.add_argument("--tasks", type=int, default=400)
+    parser.add_argument("--cpu-ms", type=float, default=5.0)
+    parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--concurrency", type=int, default=4, help="slots per process")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--results-dir", type=Path, default=Path(__file__).with_name("results"))
+    parser.add_argument("--no-record", action="store_true")
+    args = parser.parse_args()
+
+    loops = _loops_for(args.cpu_ms)
+    runs: dict[int, list[float]] = {n: [] for n in args.processes}
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        (workdir / "bench_cpu_handlers.py").write_text(HANDLERS)
+        for round_ in range(args.repeat):
+            for n in args.processes:  # alternating, so the machine's load falls on each
+                asyncio.run(_clear(args.url))
+                asyncio.run(_enqueue(args.url, args.tasks))
+                took = _drain(args.url, n, args.concurrency, workdir, loops)
+                asyncio.run(_check(args.url, args.tasks))
+                rate = args.tasks / took
+                runs[n].append(rate)
+                print(f"round {round_ + 1}: --processes {n}: {took:.2f} s, {rate:,.0f} tasks/s")
+    medians = {n: sorted(r)[len(r) // 2] for n, r in runs.items()}
+    base = medians[min(medians)]
+    for n, median in medians.items():
+        print(f"--processes {n}: median {median:,.0f} tasks/s ({median / base:.2f}x)")
+    if not args.no_record:
+        record = {
+            "benchmark": "processes",
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "url": args.url.split("@")[-1],
+            "tasks": args.tasks,
+            "cpu_ms": args.cpu_ms,
+            "concurrency_per_process": args.concurrency,
+            "runs_tasks_per_s": {str(n): r for n, r in runs.items()},
+            "medians": {str(n): m for n, m in medians.items()},
+            "machine": f"{os.cpu_count()} cores {platform.processor() or platform.machine()}, "
+            f"Python {platform.python_version()}",
+            "load_average": list(os.getloadavg()),
+        }
+        args.results_dir.mkdir(exist_ok=True)
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        path = args.results_dir / f"processes-{stamp}.json"
+        path.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"recorded {path}")
+
+
+async def _clear(url: str) -> None:
+    """Delete the finished tasks of earlier runs."""
+    async with Taskmill(url, plugins=False) as tm:
+        await tm.cleanup(timedelta(0))
+
+
+if __name__ == "__main__":
+    main()
