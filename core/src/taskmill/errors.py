@@ -42,6 +42,11 @@ class InvalidTaskSpec(TaskmillError, ValueError):
     """A task's options are inconsistent or out of range (see the message)."""
 
 
+class DuplicateTaskId(InvalidTaskSpec):
+    """A task with this id is already stored with a different task type, app or
+    params. Give the new task its own id, or leave ``id`` unset to get a fresh one."""
+
+
 class UnknownTaskType(InvalidTaskSpec):
     """No handler registered in this ``Taskmill`` serves the task type, and it was
     built with ``strict_types=True``.

@@ -31,13 +31,13 @@ transition each combination ends in; the shipped suite
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final, TypeAlias
 
 import attrs
 
-from taskmill.errors import InvalidTransition
+from taskmill.errors import DuplicateTaskId, InvalidTransition
 from taskmill.model import (
     NO_PROGRESS,
     AttemptOutcome,
@@ -72,6 +72,7 @@ __all__ = [
     "cancel_targets",
     "check_redrive",
     "enqueued",
+    "existing_task",
     "finish_kind",
     "has_retry_budget",
     "key_taken",
@@ -79,6 +80,7 @@ __all__ = [
     "rescue_case",
     "settle_alias",
     "settles_aliases",
+    "split_taken",
 ]
 
 
@@ -427,6 +429,64 @@ def plan(transition: Transition) -> TransitionPlan:
 
 REDRIVE_EVENT: Final = EventKind.REQUEUED
 """The event of a redrive: back to PENDING with a fresh retry budget."""
+
+
+def existing_task(new: NewTask, stored: Task) -> Task:
+    """The one rule for an enqueue whose task id is already stored (or earlier in the
+    same call): when ``stored`` has the same ``task_type``, ``app_id`` and ``params``,
+    the enqueue of ``new`` is a no-op that returns ``stored`` unchanged (whatever its
+    status; no event, no dedupe decision); otherwise it raises, and the whole call
+    stores nothing.
+
+    This is what makes deterministic ids (periodic fires) exactly-once across
+    processes: the store, not the caller, decides which insert wins.
+
+    :raises DuplicateTaskId: the id is taken by a different task.
+    """
+    if (
+        stored.task_type != new.task_type
+        or stored.app_id != new.app_id
+        or stored.params != loads(new.params_json)
+    ):
+        raise DuplicateTaskId(
+            f"task id {new.id!r} is already stored as a {stored.task_type!r} task"
+            f" (app {stored.app_id!r}) with other params; give the new task its own"
+            " id, or leave id unset to get a fresh one"
+        )
+    return stored
+
+
+def split_taken(
+    tasks: Sequence[NewTask], stored: Mapping[str, Task]
+) -> tuple[list[NewTask], dict[str, Task]]:
+    """Apply :func:`existing_task` to one enqueue, given the ``stored`` snapshots of
+    those of its ids the store already holds (read in the enqueue's transaction).
+
+    :returns: the tasks to insert (the first task of each id not stored, in order) and
+        the snapshot to return for each stored id. A later task of the call with the
+        same id as an inserted one gets that inserted task's snapshot.
+    :raises DuplicateTaskId: an id is taken by a different task (stored or earlier in
+        the call); nothing may be stored.
+    """
+    fresh: dict[str, NewTask] = {}
+    known: dict[str, Task] = {}
+    for new in tasks:
+        found = stored.get(new.id)
+        if found is not None:
+            known[new.id] = existing_task(new, found)
+            continue
+        first = fresh.get(new.id)
+        if first is None:
+            fresh[new.id] = new
+        elif (first.task_type, first.app_id) != (new.task_type, new.app_id) or (
+            first.params_json != new.params_json
+            and loads(first.params_json) != loads(new.params_json)
+        ):
+            raise DuplicateTaskId(
+                f"task id {new.id!r} is given twice in one enqueue, for different tasks;"
+                " give each task its own id, or leave id unset to get a fresh one"
+            )
+    return list(fresh.values()), known
 
 
 def enqueued(new: NewTask, *, now: datetime, run_at: datetime, alias_of: str | None) -> Task:

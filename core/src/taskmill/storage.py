@@ -346,7 +346,20 @@ class TaskStorage(abc.ABC):
         decided by the store atomically, so concurrent enqueues from many processes
         yield exactly one leader. Within one call, the first task with a key leads.
 
+        Duplicate ids (one rule on every backend,
+        :func:`taskmill.lifecycle.split_taken`): a task whose ``id`` is already stored
+        with the same ``task_type``, ``app_id`` and ``params`` is not inserted again;
+        its slot in the result is the stored snapshot, unchanged, whatever its status,
+        with no event and no dedupe decision. The same holds for a repeated id within
+        one call (the first one is inserted). An id stored (or given earlier in the
+        call) for a different type, app or params raises
+        :class:`~taskmill.errors.DuplicateTaskId` and the call stores nothing. The store
+        decides this atomically: concurrent enqueues of one id from many processes
+        insert it once and all return that task. (A task removed by :meth:`cleanup`
+        is no longer stored, so its id can be inserted again.)
+
         :returns: the stored snapshots, in the order given.
+        :raises DuplicateTaskId: an id is taken by a different task.
         """
 
     @abc.abstractmethod

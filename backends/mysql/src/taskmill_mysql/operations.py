@@ -40,6 +40,7 @@ from taskmill.lifecycle import (
     finish_kind,
     key_taken,
     rescue_case,
+    split_taken,
 )
 from taskmill.model import (
     Attempt,
@@ -169,7 +170,14 @@ async def enqueue(s: Session, tasks: Sequence[NewTask]) -> list[Task]:
     leaders: dict[tuple[str | None, str, str], str] = {}
     values: list[list[Any]] = []
     stored: list[Task] = []
-    for new in tasks:
+    ids = list(dict.fromkeys(new.id for new in tasks))
+    taken: dict[str, Task] = {}
+    for chunk in _chunks(ids):
+        for row in await s.fetchall(sql.select_tasks_by_id(len(chunk)), list(chunk)):
+            snapshot = task(row)
+            taken[snapshot.id] = snapshot
+    fresh, known = split_taken(tasks, taken)
+    for new in fresh:
         alias_of: str | None = None
         key = new.dedupe_key
         if key is not None:
@@ -196,7 +204,8 @@ async def enqueue(s: Session, tasks: Sequence[NewTask]) -> list[Task]:
         ids = [row[0] for row in chunk]
         seq_of.update(await s.fetchall(sql.select_seqs_by_id(len(ids)), ids))
     await append_events(s, [(seq_of[t.id], t.id, _ENQUEUED, "pending", at) for t in stored])
-    return stored
+    known.update((t.id, t) for t in stored)
+    return [known[new.id] for new in tasks]
 
 
 def _claim_branches(

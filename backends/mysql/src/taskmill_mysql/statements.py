@@ -77,6 +77,11 @@ def select_by_seq(n: int) -> str:
     return f"SELECT {TASK_COLUMNS} FROM tasks WHERE seq IN ({marks(n)}) ORDER BY seq"
 
 
+def select_tasks_by_id(n: int) -> str:
+    """The stored tasks among ``n`` ids (the duplicate-id rule of an enqueue)."""
+    return f"SELECT {TASK_COLUMNS} FROM tasks WHERE id IN ({marks(n)})"
+
+
 def select_seqs_by_id(n: int) -> str:
     return f"SELECT id, seq FROM tasks WHERE id IN ({marks(n)})"
 

@@ -193,7 +193,9 @@ class MySQLStorage(TaskStorage):
         """Insert ``tasks`` in one transaction (all or none). A dedupe key's leader is
         looked up under a share lock; an enqueue that loses the race for a new leader
         (the unique ``dedupe_leader`` index refuses its row) is run again and becomes
-        an alias.
+        an alias. Ids already stored follow the duplicate-id rule
+        (:func:`~taskmill.lifecycle.split_taken`); an id committed concurrently makes the
+        unique ``tasks_id`` index refuse the row, and the run again returns that task.
 
         :returns: the stored snapshots, in the order given.
         """
@@ -203,7 +205,10 @@ class MySQLStorage(TaskStorage):
             try:
                 return await self._write(operations.enqueue, tasks)
             except pymysql.err.IntegrityError as exc:
-                lost_race = error_code(exc) == DUPLICATE_KEY and "dedupe_leader" in str(exc)
+                text = str(exc)
+                lost_race = error_code(exc) == DUPLICATE_KEY and (
+                    "dedupe_leader" in text or "'tasks_id'" in text
+                )
                 if not lost_race or race == _DEDUPE_RACES - 1:
                     raise self._db.unavailable(exc) from exc
         raise AssertionError("unreachable")

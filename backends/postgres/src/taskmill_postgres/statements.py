@@ -298,6 +298,8 @@ class Statements:
         )
         """Settle the aliases of terminal leaders (see the settle_aliases function)."""
         self.by_seq = f"SELECT {TASK_COLUMNS} FROM {s}.tasks WHERE seq = ANY($1::bigint[])"
+        self.by_ids = f"SELECT {TASK_COLUMNS} FROM {s}.tasks WHERE id = ANY($1::text[])"
+        """The stored tasks among some ids (the duplicate-id rule of an enqueue)."""
 
         # -- leases -------------------------------------------------------------------------
         suspended = (

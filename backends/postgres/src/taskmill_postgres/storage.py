@@ -41,7 +41,6 @@ import asyncpg
 import attrs
 from taskmill.cursors import position_token, token_position
 from taskmill.errors import (
-    InvalidTaskSpec,
     StorageUnavailable,
     TaskNotFound,
 )
@@ -54,6 +53,7 @@ from taskmill.lifecycle import (
     enqueued,
     key_taken,
     settles_aliases,
+    split_taken,
 )
 from taskmill.model import (
     Attempt,
@@ -464,12 +464,50 @@ class PostgresStorage(TaskStorage):
         index is the arbiter: when a concurrent enqueue committed a leader this
         statement could not see, the insert fails on that index and the statement runs
         again, finding that leader. Concurrent enqueues therefore yield one leader and
-        aliases, never an error.
+        aliases, never an error. Ids already stored follow the duplicate-id rule
+        (:func:`~taskmill.lifecycle.split_taken`); an id committed concurrently makes
+        the insert fail on ``tasks_id_key`` and run again, returning that task.
 
         :returns: the stored snapshots, in the order given.
         """
         if not tasks:
             return []
+        wanted = list(dict.fromkeys(new.id for new in tasks))
+        sql = self.sql.enqueue
+
+        async def insert(conn: Conn) -> tuple[list[NewTask], dict[str, Task], Record | None]:
+            for _ in range(_ATTEMPTS):
+                found = await conn.fetch(self.sql.by_ids, wanted)
+                fresh, known = split_taken(tasks, {r["id"]: rows.task(r) for r in found})
+                if not fresh:
+                    return fresh, known, None
+                try:
+                    row = await conn.fetchrow(sql, *self._enqueue_args(fresh))
+                except asyncpg.exceptions.UniqueViolationError as exc:
+                    if exc.constraint_name in ("tasks_dedupe_leader", "tasks_id_key"):
+                        # a leader or one of these ids committed meanwhile: run again,
+                        # as its alias or returning that task
+                        continue
+                    raise
+                assert row is not None  # an aggregate: always one row
+                return fresh, known, row
+            raise StorageUnavailable(
+                f"enqueueing on {self.where} kept racing concurrent enqueues of the same"
+                " dedupe keys or task ids"
+            )
+
+        fresh, known, row = await self._run(insert)
+        if row is not None:
+            now: datetime = row[0]
+            leaders = dict(zip(row[1] or (), row[2] or (), strict=True))
+            for new in fresh:
+                run_at = now if new.run_at is None else new.run_at.astimezone(UTC)
+                known[new.id] = enqueued(new, now=now, run_at=run_at, alias_of=leaders.get(new.id))
+        return [known[new.id] for new in tasks]
+
+    def _enqueue_args(self, tasks: Sequence[NewTask]) -> tuple[object, ...]:
+        """The arguments of the enqueue statement for ``tasks``: ten arrays, then the
+        events lock and the channel prefix."""
         ids: list[str] = []
         types: list[str] = []
         apps: list[str | None] = []
@@ -491,38 +529,10 @@ class PostgresStorage(TaskStorage):
             keys.append(new.dedupe_key)
             parents.append(new.parent_id)
             users.append(new.user_id)
-        args = (
+        return (
             ids, types, apps, params, priorities, retries, run_ats, keys, parents, users,
             self._events_lock, self.channel,
         )  # fmt: skip
-        sql = self.sql.enqueue
-
-        async def insert(conn: Conn) -> Record:
-            for _ in range(_ATTEMPTS):
-                try:
-                    row = await conn.fetchrow(sql, *args)
-                except asyncpg.exceptions.UniqueViolationError as exc:
-                    if exc.constraint_name == "tasks_dedupe_leader":
-                        continue  # a leader committed meanwhile: run again, as its alias
-                    if exc.constraint_name == "tasks_id_key":
-                        raise InvalidTaskSpec(
-                            f"a task with one of these ids already exists: {exc.detail}"
-                        ) from None
-                    raise
-                assert row is not None  # an aggregate: always one row
-                return row
-            raise StorageUnavailable(
-                f"enqueueing on {self.where} kept racing concurrent dedupe leaders"
-            )
-
-        row = await self._run(insert)
-        now: datetime = row[0]
-        leaders = dict(zip(row[1] or (), row[2] or (), strict=True))
-        stored: list[Task] = []
-        for new in tasks:
-            run_at = now if new.run_at is None else new.run_at.astimezone(UTC)
-            stored.append(enqueued(new, now=now, run_at=run_at, alias_of=leaders.get(new.id)))
-        return stored
 
     async def claim_batch(self, request: ClaimRequest) -> list[Task]:
         """Claim up to ``request.limit`` due PENDING leaders with one statement, which

@@ -44,6 +44,7 @@ from taskmill.lifecycle import (
     rescue_case,
     settle_alias,
     settles_aliases,
+    split_taken,
 )
 from taskmill.migrations import run_sync
 from taskmill.model import (
@@ -178,8 +179,10 @@ class MemoryStorage(TaskStorage):
         self._check_open()
         now_ts = wall_clock()
         now = from_timestamp(now_ts)
-        stored: list[Task] = []
-        for new in tasks:
+        fresh, known = split_taken(
+            tasks, {t.id: self._tasks[t.id] for t in tasks if t.id in self._tasks}
+        )
+        for new in fresh:
             alias_of = None
             if new.dedupe_key is not None:
                 scope = (new.app_id, new.task_type, new.dedupe_key)
@@ -197,8 +200,7 @@ class MemoryStorage(TaskStorage):
             if task.parent_id is not None:
                 self._children.setdefault(task.parent_id, []).append(task.id)
             self._emit(EventKind.ENQUEUED, task, now_ts)
-            stored.append(task)
-        return stored
+        return [known.get(new.id) or self._tasks[new.id] for new in tasks]
 
     async def claim_batch(self, request: ClaimRequest) -> list[Task]:
         self._check_open()

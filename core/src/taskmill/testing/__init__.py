@@ -17,7 +17,7 @@ empty store::
             await store.close()
 
 It then runs every test of every topic module: :mod:`~taskmill.testing.tasks`,
-:mod:`~taskmill.testing.claims`, :mod:`~taskmill.testing.finish`,
+:mod:`~taskmill.testing.task_ids`, :mod:`~taskmill.testing.claims`, :mod:`~taskmill.testing.finish`,
 :mod:`~taskmill.testing.leases`, :mod:`~taskmill.testing.dedupe`,
 :mod:`~taskmill.testing.control`, :mod:`~taskmill.testing.events`,
 :mod:`~taskmill.testing.migrations`, :mod:`~taskmill.testing.concurrency`,
@@ -56,6 +56,7 @@ from taskmill.testing.lifecycle import LifecycleContract
 from taskmill.testing.migrations import MigrationContract, Place, SchemaMigrations
 from taskmill.testing.reference import ReferenceContract
 from taskmill.testing.registrations import HandlerRegistrationContract
+from taskmill.testing.task_ids import TaskIdContract
 from taskmill.testing.tasks import TaskContract
 
 __all__ = [
@@ -76,6 +77,7 @@ __all__ = [
 class StorageContract(
     StoreFixtures,
     TaskContract,
+    TaskIdContract,
     ClaimContract,
     FinishContract,
     LeaseContract,

@@ -58,6 +58,7 @@ from taskmill.lifecycle import (
     finish_kind,
     key_taken,
     rescue_case,
+    split_taken,
 )
 from taskmill.migrations import run_sync
 from taskmill.model import (
@@ -140,13 +141,26 @@ def insert_events(conn: sqlite3.Connection, events: list[Row]) -> None:
 # The tasks one enqueue inserted are exactly those above the largest seq read before
 
 
+def _taken_ids(conn: sqlite3.Connection, tasks: Sequence[NewTask]) -> dict[str, Task]:
+    """The stored tasks among ``tasks``' ids (read under the writer lock, so no other
+    enqueue can insert one of them before this one commits)."""
+    ids = list(dict.fromkeys(new.id for new in tasks))
+    found: dict[str, Task] = {}
+    for chunk in _chunks(ids):
+        marks = ", ".join("?" * len(chunk))
+        for row in conn.execute(f"{sql.SELECT_TASKS} WHERE id IN ({marks})", list(chunk)):
+            snapshot = task(row)
+            found[snapshot.id] = snapshot
+    return found
+
+
 def enqueue(conn: sqlite3.Connection, tasks: Sequence[NewTask]) -> list[Task]:
     now = now_us()
     now_dt = as_datetime(now)
     leaders: dict[tuple[str | None, str, str], str] = {}
     rows: list[Row] = []
-    stored: list[Task] = []
-    for new in tasks:
+    fresh, known = split_taken(tasks, _taken_ids(conn, tasks))
+    for new in fresh:
         alias_of: str | None = None
         key = new.dedupe_key
         if key is not None:
@@ -171,11 +185,12 @@ def enqueue(conn: sqlite3.Connection, tasks: Sequence[NewTask]) -> list[Task]:
                 priority, new.max_retries, key, alias_of, new.parent_id, new.user_id,
             )
         )  # fmt: skip
-        stored.append(enqueued(new, now=now_dt, run_at=run_at_dt, alias_of=alias_of))
-    last = conn.execute(sql.LAST_TASK_SEQ).fetchone()[0]
-    conn.executemany(sql.INSERT, rows)
-    conn.execute(sql.ENQUEUE_EVENTS, (now, last))
-    return stored
+        known[new.id] = enqueued(new, now=now_dt, run_at=run_at_dt, alias_of=alias_of)
+    if rows:
+        last = conn.execute(sql.LAST_TASK_SEQ).fetchone()[0]
+        conn.executemany(sql.INSERT, rows)
+        conn.execute(sql.ENQUEUE_EVENTS, (now, last))
+    return [known[new.id] for new in tasks]
 
 
 def claim(conn: sqlite3.Connection, request: ClaimRequest) -> list[Task]:

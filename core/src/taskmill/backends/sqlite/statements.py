@@ -61,6 +61,7 @@ FIND_LEADER: Final = (
     "AND dedupe_key = ? AND alias_of IS NULL AND status IN ('pending', 'running')"
 )
 SELECT_TASK: Final = f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"
+SELECT_TASKS: Final = f"SELECT {TASK_COLUMNS} FROM tasks"
 FENCE: Final = " WHERE id = ? AND status = 'running' AND worker_id = ? AND attempts = ?"
 INSERT_ATTEMPT: Final = (
     "INSERT INTO attempts (task_seq, task_id, number, worker_id, started_at, finished_at, "
