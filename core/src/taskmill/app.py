@@ -14,10 +14,18 @@ from taskmill.discovery import resolve_url, storage_for_url
 from taskmill.errors import InvalidTaskSpec, TaskmillError
 from taskmill.model import (
     JSON,
+    Priority,
     Task,
     TaskStatus,
 )
 from taskmill.operations import AppTasks, TaskOperations
+from taskmill.periodic import (
+    DEFAULT_CATCH_UP,
+    DEFAULT_CATCH_UP_WINDOW,
+    CatchUp,
+    Schedule,
+    Schedules,
+)
 from taskmill.plugins import DISABLE_ENV, ENABLE_ENV, PluginInfo, Plugins
 from taskmill.registry import Handler, HandlerFunc, HandlerRegistry
 from taskmill.storage import TaskStorage
@@ -73,6 +81,9 @@ class Taskmill(TaskOperations):
         self.default_max_retries = default_max_retries
         self.auto_migrate = auto_migrate
         self.strict_types = strict_types
+        self.schedules = Schedules()
+        """The periodic tasks the workers of this ``Taskmill`` enqueue (see
+        :meth:`periodic` and docs/scheduling.md)."""
         self.plugins = Plugins()
         """The loaded plugins (iterate for :class:`~taskmill.plugins.PluginInfo`)."""
         if isinstance(plugins, bool):
@@ -143,6 +154,8 @@ class Taskmill(TaskOperations):
                     disable_from=disable_from,
                 )
             self.plugins.register_handlers(self.registry, strict=strict)
+            for schedule in self.plugins.schedules():
+                self.schedules.add(schedule)
         except BaseException:
             self.plugins.unload(self.registry)
             raise
@@ -164,6 +177,8 @@ class Taskmill(TaskOperations):
         if self._plugins_loaded:
             try:
                 self.plugins.register_handlers(self.registry)
+                for schedule in self.plugins.schedules():
+                    self.schedules.add(schedule)
             except BaseException:
                 self.plugins.remove(info.name, self.registry)
                 raise
@@ -248,6 +263,75 @@ class Taskmill(TaskOperations):
             timeout=timeout,
             concurrency=concurrency,
         )
+
+    # -- periodic tasks ------------------------------------------------------------------
+
+    def periodic(
+        self,
+        cron: str | None = None,
+        *,
+        every: timedelta | None = None,
+        task_type: str | None = None,
+        name: str | None = None,
+        params: dict[str, Any] | None = None,
+        app_id: str | None = None,
+        timezone: str = "UTC",
+        catch_up: CatchUp = DEFAULT_CATCH_UP,
+        catch_up_window: timedelta = DEFAULT_CATCH_UP_WINDOW,
+        priority: int = Priority.NORMAL,
+        max_retries: int | None = None,
+        timeout: float | None = None,
+        concurrency: int | None = None,
+    ) -> Callable[[F], F]:
+        """Decorator: register the function as the handler of ``task_type`` (default:
+        the function's name) and enqueue it with ``params`` at every fire time of
+        ``cron`` (in ``timezone``) or of ``every``.
+
+        Every worker of this ``Taskmill`` runs the schedule; the store's duplicate-id
+        rule makes each fire time one task however many workers run (see
+        docs/scheduling.md). ``name`` (default: the task type) identifies the schedule;
+        ``catch_up`` says what a starting worker does with fires missed while none ran.
+
+        :raises ConfigurationError: a bad expression, time zone or policy, or another
+            schedule with this name.
+        """
+
+        def decorate(func: F) -> F:
+            kind = task_type or func.__name__
+            self.register(
+                kind,
+                func,
+                app_id=app_id,
+                max_retries=max_retries,
+                timeout=timeout,
+                concurrency=concurrency,
+            )
+            self.add_schedule(
+                Schedule(
+                    name=name or kind,
+                    task_type=kind,
+                    cron=cron,
+                    every=every,
+                    params=dict(params or {}),
+                    app_id=app_id,
+                    timezone=timezone,
+                    catch_up=catch_up,
+                    catch_up_window=catch_up_window,
+                    priority=priority,
+                    max_retries=max_retries,
+                )
+            )
+            return func
+
+        return decorate
+
+    def add_schedule(self, schedule: Schedule) -> Schedule:
+        """Add a periodic task whose handler is registered elsewhere (or served by
+        another process); see :meth:`periodic`.
+
+        :raises ConfigurationError: another schedule has its name (and app).
+        """
+        return self.schedules.add(schedule)
 
     async def cleanup(self, older_than: timedelta, *, include_failed: bool = False) -> int:
         """Delete COMPLETED and CANCELLED tasks (and FAILED ones with

@@ -30,8 +30,11 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from taskmill.context import Context
     from taskmill.model import AttemptOutcome, CancelReason, Task
+    from taskmill.periodic import Schedule
     from taskmill.plugins import CommandRegistrar
     from taskmill.registry import HandlerRegistrar
     from taskmill.worker import Worker
@@ -66,6 +69,20 @@ def taskmill_register_handlers(registry: HandlerRegistrar) -> None:
         options are those of ``Taskmill.handler``. Give the plugin's handlers an
         ``app_id`` of their own unless they are meant to serve the host's tasks.
     """
+
+
+@hookspec
+def taskmill_register_schedules() -> Iterable[Schedule]:
+    """Return the plugin's periodic tasks (:class:`taskmill.periodic.Schedule` objects).
+
+    Called when the plugins are loaded (after ``taskmill_register_handlers``), and for a
+    plugin added with ``Taskmill.add_plugin()`` afterwards. Must be a plain ``def``.
+    The schedules join the application's (``tm.schedules``), and every worker fires
+    them (docs/scheduling.md). A schedule whose name (and app) another schedule has
+    raises :class:`~taskmill.ConfigurationError`; anything raised here makes ``open()``
+    fail with :class:`~taskmill.PluginError`.
+    """
+    return ()
 
 
 # -- task lifecycle -------------------------------------------------------------------

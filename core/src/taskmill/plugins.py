@@ -31,7 +31,7 @@ import difflib
 import inspect
 import logging
 import os
-from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping
 from datetime import datetime
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -47,6 +47,7 @@ from taskmill.registry import Handler, HandlerRegistrar, HandlerRegistry
 from taskmill.storage import Finish, FinishKind, utcnow
 
 if TYPE_CHECKING:
+    from taskmill.periodic import Schedule
     from taskmill.worker import Worker
 
 ENTRY_POINT_GROUP = "taskmill.plugins"
@@ -669,6 +670,46 @@ class Plugins:
                     manager.__exit__(*exc_info)
             except Exception:
                 log.exception("%s: leaving its handler context failed (ignored)", label)
+
+    def schedules(self) -> list[Schedule]:
+        """Every plugin's ``taskmill_register_schedules``, in plugin order.
+
+        :raises PluginError: a plugin's hook raised, is ``async``, or returned something
+            other than :class:`~taskmill.periodic.Schedule` objects.
+        """
+        from taskmill.periodic import Schedule
+
+        found: list[Schedule] = []
+        for impl in reversed(self._impls["taskmill_register_schedules"]):
+            label = self._label(impl.plugin_name)
+            try:
+                result = impl.function()
+                if inspect.isawaitable(result):
+                    if inspect.iscoroutine(result):
+                        result.close()
+                    raise PluginError(f"{label}: taskmill_register_schedules must be a plain def")
+                if result is None:
+                    result = ()
+                if not isinstance(result, Iterable):
+                    raise PluginError(
+                        f"{label}: taskmill_register_schedules returned {result!r}; return"
+                        " a list of taskmill.periodic.Schedule objects"
+                    )
+                items = list(result)
+            except PluginError:
+                raise
+            except Exception as exc:
+                raise PluginError(
+                    f"{label}: taskmill_register_schedules raised {type(exc).__name__}: {exc}"
+                ) from exc
+            for item in items:
+                if not isinstance(item, Schedule):
+                    raise PluginError(
+                        f"{label}: taskmill_register_schedules returned {item!r}; return"
+                        " taskmill.periodic.Schedule objects"
+                    )
+                found.append(item)
+        return found
 
     def register_commands(
         self, add: Callable[[str, Any, str, str], argparse.ArgumentParser]

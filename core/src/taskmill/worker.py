@@ -39,9 +39,10 @@ import attrs
 from taskmill import tracebacks
 from taskmill.backoff import RetryPolicy
 from taskmill.context import Context
-from taskmill.errors import Cancelled, Detached, Fail, Retry, TaskmillError
+from taskmill.errors import Cancelled, ConfigurationError, Detached, Fail, Retry, TaskmillError
 from taskmill.lifecycle import FINISHES, attempt_kind, finish_kind
 from taskmill.model import AttemptOutcome, CancelReason, Priority, Task, TaskStatus
+from taskmill.periodic import Scheduler
 from taskmill.registry import Handler
 from taskmill.serialization import dumps
 from taskmill.storage import (
@@ -196,6 +197,12 @@ class Worker:
         self.cleanup_older_than = options.cleanup_older_than
         self.cleanup_interval = options.cleanup_interval
         self._last_cleanup = float("-inf")
+        self.run_schedules = True
+        """Run the scheduler loop (the periodic tasks of ``tm.schedules``) while serving
+        with :meth:`run`; set False before :meth:`run` to leave firing to other
+        workers. :meth:`run_until_idle` and :meth:`tick` never fire schedules."""
+        self.scheduler: Scheduler | None = None
+        """The scheduler loop of the current :meth:`run`, when it has one."""
 
         self._running: dict[str, _Execution] = {}
         self._running_normal = 0
@@ -324,6 +331,8 @@ class Worker:
     async def _serve(self, *, until_idle: bool) -> None:
         if self._active:
             raise RuntimeError("this worker is already running")
+        if self.run_schedules and not until_idle:
+            self._check_schedules_against_cleanup()
         self._prepare()
         assert self._stopped is not None
         self._host.attach_worker(self)
@@ -342,6 +351,15 @@ class Worker:
                 asyncio.create_task(self._save_progress_loop(), name="taskmill-progress"),
                 asyncio.create_task(self._rescue_loop(), name="taskmill-rescue"),
             ]
+            schedules = self._taskmill.schedules
+            if self.run_schedules and schedules and not until_idle:
+                self.scheduler = Scheduler(self._taskmill, interval=self.poll_interval)
+                self._background.append(
+                    asyncio.create_task(
+                        self.scheduler.run(on_enqueued=[lambda _: self.notify()]),
+                        name="taskmill-scheduler",
+                    )
+                )
             self._listener = await self._open_listener()
             if self._listener is not None:
                 self._background.append(
@@ -361,6 +379,22 @@ class Worker:
                 self._host.detach_worker(self)
                 self._active = False
                 self._stopped.set()
+
+    def _check_schedules_against_cleanup(self) -> None:
+        """Refuse a ``cleanup_older_than`` that could delete a fire a starting
+        scheduler would enqueue again (a double fire; see docs/scheduling.md)."""
+        older_than = self.cleanup_older_than
+        if older_than is None:
+            return
+        for schedule in self._taskmill.schedules:
+            if schedule.catch_up != "skip" and schedule.catch_up_window >= older_than:
+                raise ConfigurationError(
+                    f"schedule {schedule.name!r} catches up fires from the last"
+                    f" {schedule.catch_up_window} but this worker deletes finished tasks"
+                    f" after {older_than}, so a fire could run twice; make"
+                    " cleanup_older_than longer than catch_up_window, or use"
+                    " catch_up='skip'"
+                )
 
     async def _claim_loop(self, *, until_idle: bool) -> None:
         assert self._wake is not None
