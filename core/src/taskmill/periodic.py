@@ -39,6 +39,7 @@ __all__ = [
     "Schedule",
     "Scheduler",
     "Schedules",
+    "schedule_from_config",
 ]
 
 log = logging.getLogger("taskmill.periodic")

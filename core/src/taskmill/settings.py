@@ -44,6 +44,7 @@ import attrs
 from taskmill.app import DEFAULT_MAX_PARAMS_BYTES, DEFAULT_MAX_RETRIES
 from taskmill.backoff import RetryPolicy
 from taskmill.errors import ConfigurationError
+from taskmill.periodic import Schedule, schedule_from_config
 from taskmill.worker_options import WorkerOptions
 
 LogFormat = Literal["plain", "json"]
@@ -477,6 +478,11 @@ class Settings:
     sources: Mapping[str, str] = attrs.field(factory=dict, eq=False)
     """Where each setting's value came from: ``default``, ``command line``, an
     environment variable's name, or the configuration file's path."""
+    schedules: tuple[Schedule, ...] = ()
+    """Periodic tasks from the ``[schedules.<name>]`` tables of the file (fields as
+    :class:`~taskmill.periodic.Schedule`'s, ``every`` and ``catch_up_window`` in
+    seconds); docs/scheduling.md."""
+
     config_file: Path | None = None
     """The configuration file read, if any."""
 
@@ -713,6 +719,7 @@ def load_settings(
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     storage: dict[str, Any] = {}
+    schedules: list[Schedule] = []
     if path is not None:
         where = f"{path} [tool.taskmill]" if path.name == PYPROJECT else str(path)
         for raw_key, value in _file_table(path).items():
@@ -726,6 +733,9 @@ def load_settings(
                 for option, option_value in value.items():
                     storage[option] = option_value
                     sources[f"storage.{option}"] = str(path)
+                continue
+            if key == "schedules":
+                schedules += _file_schedules(value, where)
                 continue
             if key not in SETTING_NAMES:
                 raise _unknown_key(raw_key, where)
@@ -765,9 +775,31 @@ def load_settings(
             raise KeyError(f"not a setting: {name!r}")
         values[name] = value
         sources[name] = COMMAND_LINE
-    settings = Settings(**values, storage_options=storage, sources=sources, config_file=path)
+    settings = Settings(
+        **values,
+        storage_options=storage,
+        schedules=tuple(schedules),
+        sources=sources,
+        config_file=path,
+    )
     _check_consistent(settings)
     return settings
+
+
+def _file_schedules(value: object, where: str) -> list[Schedule]:
+    """The ``[schedules.<name>]`` tables of a configuration file."""
+    if not isinstance(value, dict):
+        raise ConfigurationError(
+            f"{where}: schedules must be a table of schedules, e.g. [schedules.report]"
+            ' with task_type = "report" and cron = "0 3 * * *"'
+        )
+    found: list[Schedule] = []
+    for name, table in value.items():
+        try:
+            found.append(schedule_from_config(name, table))
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"{where}: {exc}") from None
+    return found
 
 
 def _check_consistent(settings: Settings) -> None:

@@ -231,6 +231,33 @@ def summary_table(summaries: Sequence[tuple[str, ProgressSummary]]) -> Table:
     return table
 
 
+def schedule_table(rows: Sequence[dict[str, Any]]) -> Table:
+    """``taskmill schedules``: one row per schedule (see :func:`schedule_row`)."""
+    table = _table()
+    for name in ("schedule", "app", "task type", "when", "time zone", "catch up"):
+        table.add_column(name, no_wrap=True)
+    table.add_column("next fire (UTC)", no_wrap=True)
+    table.add_column("last fire (UTC)", no_wrap=True)
+    for row in rows:
+        last = row["last_fire"]
+        if last is None:
+            last_text = "-"
+        else:
+            status = row["last_fire_status"]
+            last_text = f"{last} ({status if status is not None else 'not stored'})"
+        table.add_row(
+            Text(row["name"]),
+            Text(row["app_id"] or HOST_APP),
+            Text(row["task_type"]),
+            Text(row["when"]),
+            Text(row["timezone"]),
+            Text(row["catch_up"]),
+            Text(row["next_fire"]),
+            Text(last_text),
+        )
+    return table
+
+
 # -- plugins and settings -----------------------------------------------------------
 
 

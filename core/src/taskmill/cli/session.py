@@ -30,6 +30,8 @@ def new_taskmill(settings: Settings, *, plugins: bool = True) -> Taskmill:
     """The ``Taskmill`` the settings describe (not open, no plugins loaded yet); when
     no setting names a store, says on stderr that it uses the default one."""
     tm = Taskmill(settings.url, plugins=plugins, **settings.taskmill_options())
+    for schedule in settings.schedules:
+        tm.add_schedule(schedule)
     if settings.source("url") == DEFAULT:
         default_file = os.path.abspath(DEFAULT_URL.removeprefix("sqlite:///"))
         note(

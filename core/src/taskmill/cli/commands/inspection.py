@@ -1,10 +1,11 @@
 """The commands that describe the installation and the store without changing them:
-``plugins``, ``stats`` and ``config``."""
+``plugins``, ``stats``, ``schedules`` and ``config``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 import attrs
 from rich.text import Text
@@ -19,20 +20,28 @@ from taskmill.cli.rendering import (
     plugin_table,
     print_json,
     redacted,
+    schedule_table,
     settings_table,
     summary_table,
 )
-from taskmill.cli.session import load_plugins, open_taskmill, origin
+from taskmill.cli.session import (
+    load_handlers,
+    load_plugins,
+    new_taskmill,
+    open_taskmill,
+    origin,
+)
 from taskmill.cli.unserved import report_unserved
 from taskmill.discovery import DEFAULT_URL
 from taskmill.model import TaskFilter
 from taskmill.plugins import ENTRY_POINT_GROUP
 from taskmill.serialization import to_dict
 from taskmill.settings import ENV_VARS, Settings, find_config_file
+from taskmill.storage import utcnow
 
 
 def add_commands(add: AddCommand) -> None:
-    """Add ``plugins``, ``stats`` and ``config``."""
+    """Add ``plugins``, ``stats``, ``schedules`` and ``config``."""
     cmd = add(
         "plugins",
         plugins,
@@ -54,6 +63,15 @@ def add_commands(add: AddCommand) -> None:
     cmd.add_argument("--user-id", default=None, help="only tasks this user asked for")
     cmd.add_argument("--json", action="store_true", help="print the counts as JSON")
     add_handler_options(cmd, purpose="to count pending tasks no handler serves")
+
+    cmd = add(
+        "schedules",
+        schedules,
+        "List the periodic tasks (from code, plugins and the configuration file) with "
+        "their next fire times and, when the store has it, the last fire's task status.",
+    )
+    cmd.add_argument("--json", action="store_true", help="print the schedules as JSON")
+    add_handler_options(cmd, purpose="to find the schedules registered in code")
 
     cmd = add(
         "config",
@@ -125,6 +143,54 @@ async def stats(args: argparse.Namespace, settings: Settings) -> int:
             list(tm.registry),
             attrs.evolve(base, task_types=args.task_types),
             "loaded here",
+        )
+    return EXIT_OK
+
+
+async def schedules(args: argparse.Namespace, settings: Settings) -> int:
+    """List every schedule, its next fire and its last fire (with its task's status
+    when the store holds it)."""
+    tm = new_taskmill(settings)
+    load_handlers(tm, settings.imports)
+    load_plugins(tm, settings, strict=False)
+    now = utcnow()
+    rows: list[dict[str, Any]] = []
+    known = await tm.storage.exists()
+    if known:
+        await tm.open()
+    try:
+        for schedule in tm.schedules:
+            last = schedule.last_fire(now)
+            status = None
+            if last is not None and known:
+                task = await tm.get(schedule.fire_id(last))
+                status = None if task is None else task.status.value
+            rows.append(
+                {
+                    "name": schedule.name,
+                    "app_id": schedule.app_id,
+                    "task_type": schedule.task_type,
+                    "when": schedule.expression,
+                    "timezone": schedule.timezone,
+                    "catch_up": schedule.catch_up,
+                    "next_fire": schedule.next_fire(now).isoformat(),
+                    "last_fire": None if last is None else last.isoformat(),
+                    "last_fire_task_id": None if last is None else schedule.fire_id(last),
+                    "last_fire_status": status,
+                }
+            )
+    finally:
+        if known:
+            await tm.close()
+    if args.json:
+        print_json({"schedules": rows})
+    elif rows:
+        console().print(schedule_table(rows))
+    else:
+        console().print(
+            "no schedules: add them with @tm.periodic(...) in a module of the imports"
+            " setting, a plugin's taskmill_register_schedules, or [schedules.<name>]"
+            " tables in the configuration file"
         )
     return EXIT_OK
 
