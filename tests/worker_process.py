@@ -14,9 +14,11 @@ import faulthandler
 import os
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 from taskmill import Cancelled, Context, Taskmill
+from taskmill.periodic import Schedule
 
 
 def record(log: Path, *fields: object) -> None:
@@ -60,7 +62,28 @@ def build(url: str, log: Path) -> Taskmill:
         record(log, "ran", ctx.task.id, pid, ctx.task.attempts)
         return pid
 
+    @tm.handler("tick")
+    async def tick(ctx: Context, params: dict) -> int:
+        run_at = ctx.task.run_at.timestamp()
+        record(log, "fired", ctx.task.id, pid, ctx.task.attempts, params["schedule"], run_at)
+        return pid
+
     return tm
+
+
+def add_schedules(tm: Taskmill, specs: list[str]) -> None:
+    """``NAME:SECONDS`` each: a schedule firing ``tick`` every SECONDS (catch up latest)."""
+    for spec in specs:
+        name, seconds = spec.split(":")
+        tm.add_schedule(
+            Schedule(
+                name,
+                "tick",
+                every=timedelta(seconds=int(seconds)),
+                params={"schedule": name},
+                catch_up="latest",
+            )
+        )
 
 
 async def main(argv: list[str]) -> None:
@@ -80,9 +103,17 @@ async def main(argv: list[str]) -> None:
         help="directory: wait until --parties processes are ready",
     )
     parser.add_argument("--parties", type=int, default=1)
+    parser.add_argument(
+        "--schedule",
+        action="append",
+        default=[],
+        metavar="NAME:SECONDS",
+        help="fire the tick handler every SECONDS (the worker runs the scheduler)",
+    )
     args = parser.parse_args(argv)
 
     tm = build(args.url, args.log)
+    add_schedules(tm, args.schedule)
     async with tm:
         if args.barrier is not None:
             (args.barrier / str(os.getpid())).touch()
