@@ -846,8 +846,8 @@ async def test_a_rolled_back_change_notifies_nothing(
     await delivered(store, listener)  # its own notifications arrive before the wait begins
     waiting = asyncio.create_task(listener.wait(frozenset(StoreChange), 0.5))
     await wait_begun(listener, frozenset(StoreChange))
-    with pytest.raises(InvalidTaskSpec, match="already exists"):
-        await store.enqueue([new_task(), evolve(new_task(), id=task.id)])  # all or none
+    with pytest.raises(InvalidTaskSpec, match="already stored"):
+        await store.enqueue([new_task(), evolve(new_task("other"), id=task.id)])  # all or none
     assert await waiting is False
 
 

@@ -11,6 +11,7 @@ turns into a no-op. Both stores run in the same minute to keep CI time near one 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import time
@@ -43,7 +44,7 @@ def _check(cluster: Cluster, fired: list[tuple[str, float]], started: float, end
         times = sorted(t for n, t in fired if n == name)
         assert times, f"schedule {name} never fired"
         assert all(t % step == 0 for t in times)
-        gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+        gaps = [b - a for a, b in itertools.pairwise(times)]
         assert all(g == step for g in gaps), (name, gaps)
         # every fire between the first worker's start and the last one's stop is there
         assert times[0] <= started + 15
