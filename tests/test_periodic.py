@@ -229,6 +229,28 @@ async def test_a_finished_fire_is_not_enqueued_again() -> None:
         assert ran == ["x"]
 
 
+async def test_changed_params_keep_the_stored_fire_and_block_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"sqlite:///{tmp_path / 'tasks.db'}"
+    old, new = Taskmill(url, plugins=False), Taskmill(url, plugins=False)
+    old.add_schedule(Schedule("s", "t", cron="*/5 * * * *", params={"v": 1}))
+    new.add_schedule(Schedule("s", "t", cron="*/5 * * * *", params={"v": 2}))
+    new.add_schedule(Schedule("other", "t", cron="*/5 * * * *"))
+    async with old, new:
+        now = utc(2026, 1, 1, 12, 2)
+        (kept,) = await Scheduler(old).run_once(now)
+        scheduler = Scheduler(new)
+        stored = await scheduler.run_once(now)
+        assert [t.id for t in stored] == [
+            Schedule("other", "t", cron="* * * * *").fire_id(kept.run_at)
+        ]
+        assert "already stored with other params" in caplog.text
+        assert (await new.get(kept.id)) == kept and kept.params == {"v": 1}
+        later = await scheduler.run_once(now + timedelta(minutes=5))  # the 12:05 fires
+        assert sorted(t.params.get("v", 0) for t in later) == [0, 2]
+
+
 async def test_a_running_worker_fires_its_schedules() -> None:
     async with Taskmill("memory://", plugins=False) as tm:
         seen: list[datetime] = []

@@ -24,7 +24,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import attrs
 from cronsim import CronSim, CronSimError
 
-from taskmill.errors import ConfigurationError
+from taskmill.errors import ConfigurationError, DuplicateTaskId
 from taskmill.model import JSON, Priority, TaskSpec
 from taskmill.storage import NewTask, utcnow
 
@@ -291,28 +291,49 @@ class Scheduler:
         new = self.taskmill._new_task(spec)
         return attrs.evolve(new, id=schedule.fire_id(at), run_at=at)
 
-    def _pending(self, now: datetime) -> list[NewTask]:
-        tasks: list[NewTask] = []
-        for schedule in self.taskmill.schedules:
-            mark = self._marks.get(schedule.key)
-            fires = schedule.missed(now) if mark is None else schedule.due(mark, now)
-            tasks.extend(self.fire(schedule, at) for at in fires)
-        return tasks
-
     async def run_once(self, now: datetime | None = None) -> list[Task]:
-        """One pass: enqueue the fires due by ``now`` (default: the clock). The pass
-        moves each schedule's mark to ``now`` only once its fires are stored, so a
-        failed pass is tried again in full by the next.
+        """One pass: enqueue the fires due by ``now`` (default: the clock), one enqueue
+        call per schedule. A schedule's mark moves to ``now`` only once its fires are
+        stored, so a failed enqueue is tried again in full by the next pass. A fire
+        whose id is stored for other params (the schedule's params changed, see
+        docs/scheduling.md) is logged and left as stored; the schedule's other fires
+        go on.
 
         :returns: the stored snapshots of the fires enqueued (or found already stored).
         """
         now = now or utcnow()
-        tasks = self._pending(now)
+        stored: list[Task] = []
+        for schedule in self.taskmill.schedules:
+            mark = self._marks.get(schedule.key)
+            fires = schedule.missed(now) if mark is None else schedule.due(mark, now)
+            try:
+                stored += await self._enqueue(schedule, fires)
+            except Exception as exc:  # the others go on; the next pass tries it again
+                log.warning("enqueueing the fires of schedule %r failed: %s", schedule.name, exc)
+                continue
+            self._marks[schedule.key] = now
+        return stored
+
+    async def _enqueue(self, schedule: Schedule, fires: Sequence[datetime]) -> list[Task]:
+        storage = self.taskmill.storage
+        tasks = [self.fire(schedule, at) for at in fires]
         stored: list[Task] = []
         for start in range(0, len(tasks), 500):
-            stored += await self.taskmill.storage.enqueue(tasks[start : start + 500])
-        for schedule in self.taskmill.schedules:
-            self._marks[schedule.key] = now
+            chunk = tasks[start : start + 500]
+            try:
+                stored += await storage.enqueue(chunk)
+            except DuplicateTaskId:
+                for task in chunk:  # find the conflicting fire(s); keep the others
+                    try:
+                        stored += await storage.enqueue([task])
+                    except DuplicateTaskId as exc:
+                        log.warning(
+                            "schedule %r: the fire at %s is already stored with other"
+                            " params; keeping it (%s)",
+                            schedule.name,
+                            task.run_at,
+                            exc,
+                        )
         return stored
 
     def seconds_until_next(self, now: datetime | None = None) -> float:
