@@ -251,6 +251,17 @@ async def test_changed_params_keep_the_stored_fire_and_block_nothing(
         assert sorted(t.params.get("v", 0) for t in later) == [0, 2]
 
 
+async def test_after_a_store_outage_a_pass_looks_back_no_further_than_the_window() -> None:
+    async with Taskmill("memory://", plugins=False) as tm:
+        tm.add_schedule(Schedule("s", "t", cron="*/5 * * * *", catch_up="skip"))
+        scheduler = Scheduler(tm)
+        start = utc(2026, 1, 1, 12, 2)
+        assert await scheduler.run_once(start) == []  # skip: nothing before the start
+        later = await scheduler.run_once(start + timedelta(hours=3))  # the passes between failed
+        times = sorted(t.run_at for t in later)
+        assert times == [utc(2026, 1, 1, 14, 5) + timedelta(minutes=5 * i) for i in range(12)]
+
+
 async def test_a_running_worker_fires_its_schedules() -> None:
     async with Taskmill("memory://", plugins=False) as tm:
         seen: list[datetime] = []

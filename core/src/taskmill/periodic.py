@@ -57,6 +57,10 @@ DEFAULT_CATCH_UP_WINDOW: Final = timedelta(hours=1)
 _NAMESPACE: Final = uuid.UUID("6f1f3c1e-3a51-5b7e-9d0b-7a6d1b0f2e41")
 """The uuid5 namespace of fire ids (fixed forever: changing it would re-fire)."""
 
+_MIN_LOOKBACK: Final = timedelta(minutes=1)
+"""The least a running scheduler looks back (so that a pass delayed by a slow store,
+even with ``catch_up_window`` 0, loses no fire)."""
+
 _MAX_FIRES_PER_PASS: Final = 10_000
 """Most fires one pass enqueues for one schedule (a guard against a tiny interval)."""
 
@@ -183,6 +187,12 @@ class Schedule:
             last = fire
         return last
 
+    @property
+    def lookback(self) -> timedelta:
+        """The oldest fire a running scheduler enqueues after a store outage:
+        ``catch_up_window``, but at least a minute."""
+        return max(self.catch_up_window, _MIN_LOOKBACK)
+
     def fire_id(self, at: datetime) -> str:
         """The task id of the fire at ``at``: the same in every process, forever."""
         stamp = at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -305,7 +315,10 @@ class Scheduler:
         stored: list[Task] = []
         for schedule in self.taskmill.schedules:
             mark = self._marks.get(schedule.key)
-            fires = schedule.missed(now) if mark is None else schedule.due(mark, now)
+            if mark is None:
+                fires = schedule.missed(now)
+            else:  # after an outage of the store, never further back than the window
+                fires = schedule.due(max(mark, now - schedule.lookback), now)
             try:
                 stored += await self._enqueue(schedule, fires)
             except Exception as exc:  # the others go on; the next pass tries it again

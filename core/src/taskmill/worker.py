@@ -387,13 +387,13 @@ class Worker:
         if older_than is None:
             return
         for schedule in self._taskmill.schedules:
-            if schedule.catch_up != "skip" and schedule.catch_up_window >= older_than:
+            if schedule.lookback >= older_than:
                 raise ConfigurationError(
-                    f"schedule {schedule.name!r} catches up fires from the last"
-                    f" {schedule.catch_up_window} but this worker deletes finished tasks"
+                    f"schedule {schedule.name!r} may enqueue fires from the last"
+                    f" {schedule.lookback} but this worker deletes finished tasks"
                     f" after {older_than}, so a fire could run twice; make"
-                    " cleanup_older_than longer than catch_up_window, or use"
-                    " catch_up='skip'"
+                    " cleanup_older_than longer than the schedule's catch_up_window, or"
+                    " the window shorter"
                 )
 
     async def _claim_loop(self, *, until_idle: bool) -> None:
