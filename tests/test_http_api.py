@@ -257,6 +257,31 @@ async def test_oversized_bodies_params_and_lists_are_refused(http: httpx.AsyncCl
     assert len(page.json()["tasks"]) == 50 and page.json()["next_cursor"]
 
 
+async def test_pages_are_keyset_so_a_cleanup_between_pages_skips_nothing(
+    http: httpx.AsyncClient, tm: Taskmill
+):
+    photos = tm.for_app("photos")
+    tasks = await photos.enqueue_many([{"task_type": "t", "params": {"n": i}} for i in range(9)])
+    first = (await http.get("/v1/tasks", params={"limit": 3}, headers=PHOTOS)).json()
+    assert [t["id"] for t in first["tasks"]] == [t.id for t in tasks[:3]]
+    # The first page's first two tasks end and are cleaned up: an offset cursor would now
+    # skip two tasks of the second page.
+    for task in tasks[:2]:
+        await photos.cancel(task.id)
+    assert await tm.cleanup(timedelta(0)) == 2
+    second = await http.get(
+        "/v1/tasks", params={"limit": 3, "cursor": first["next_cursor"]}, headers=PHOTOS
+    )
+    assert [t["id"] for t in second.json()["tasks"]] == [t.id for t in tasks[3:6]]
+    # A cursor whose anchor task was cleaned up is refused, never an empty last page.
+    await photos.cancel(tasks[5].id)
+    assert await tm.cleanup(timedelta(0)) == 1
+    gone = await http.get(
+        "/v1/tasks", params={"limit": 3, "cursor": second.json()["next_cursor"]}, headers=PHOTOS
+    )
+    assert gone.status_code == 410 and error_of(gone) == "cursor_expired"
+
+
 @pytest.mark.parametrize(
     "params",
     [

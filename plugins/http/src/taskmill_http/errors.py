@@ -73,6 +73,7 @@ CODE_EXCEPTIONS: dict[str, type[TaskmillError]] = {
     "body_too_large": InvalidParams,
     "invalid_transition": InvalidTransition,
     "invalid_cursor": InvalidCursor,
+    "cursor_expired": InvalidCursor,
     "unavailable": StorageUnavailable,
     "unauthorized": Unauthorized,
     "admin_only": PermissionDenied,

@@ -16,6 +16,7 @@ _ERROR_TEXT = {
     403: "The token may not do this (another app, or an admin endpoint)",
     404: "No such task (or it belongs to another app)",
     409: "The task is not in a state that allows this",
+    410: "The cursor continues from a task that was deleted since (list again without one)",
     413: "The body, or a list in it, is too large",
     422: "The request does not have the shape or values this endpoint takes",
     503: "The store cannot be reached",

@@ -205,23 +205,28 @@ def query_int(request: Request, name: str, default: int, low: int, cap: int) -> 
     return min(number, cap)
 
 
-def encode_cursor(offset: int) -> str:
-    """The opaque ``cursor`` of the page that starts at ``offset``."""
-    return base64.urlsafe_b64encode(f"o{offset}".encode()).decode().rstrip("=")
+def encode_cursor(last_task_id: str) -> str:
+    """The opaque ``cursor`` of the page that follows the task ``last_task_id``.
+
+    A keyset position: the next page starts right after that task in the store's
+    insertion order (:meth:`taskmill.TaskStorage.query` with ``after``), so it costs no
+    scan of the earlier rows and does not shift when tasks are added or cleaned up.
+    """
+    return base64.urlsafe_b64encode(f"k{last_task_id}".encode()).decode().rstrip("=")
 
 
-def decode_cursor(request: Request) -> int:
-    """The offset the ``cursor`` parameter stands for (0 without one).
+def decode_cursor(request: Request) -> str | None:
+    """The task id the ``cursor`` parameter stands for (None without one).
 
     :raises ServiceError: 422 for a cursor this service did not hand out.
     """
     value = query_one(request, "cursor")
     if value is None:
-        return 0
+        return None
     try:
         text = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).decode()
-        if text.startswith("o") and text[1:].isdigit() and len(text) < 15:
-            return int(text[1:])
+        if text.startswith("k") and 1 < len(text) <= 257 and text.isprintable():
+            return text[1:]
     except (binascii.Error, UnicodeDecodeError, ValueError):
         pass
     raise ServiceError(422, "invalid_query", "cursor is not one this service handed out")

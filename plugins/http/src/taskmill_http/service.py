@@ -267,12 +267,20 @@ async def get_task(call: Call) -> Task:
 async def list_tasks(call: Call) -> TaskPage:
     filter = call.filter_from_query()
     limit = rq.query_int(call.request, "limit", 100, 1, call.limits.max_items)
-    offset = rq.decode_cursor(call.request)
-    tasks = await call.ops.query(filter, limit=limit + 1, offset=offset)
+    after = rq.decode_cursor(call.request)
+    tasks = await call.ops.query(filter, limit=limit + 1, after=after)
+    if not tasks and after is not None and await call.ops.get(after) is None:
+        # The page's anchor task was deleted (cleanup) after the cursor was handed out:
+        # an empty page would silently end the listing, so say so instead.
+        raise ServiceError(
+            410,
+            "cursor_expired",
+            "the task this cursor continues from was deleted (cleanup); "
+            "list again without a cursor",
+        )
     more = len(tasks) > limit
-    return TaskPage(
-        tasks=tasks[:limit], next_cursor=rq.encode_cursor(offset + limit) if more else None
-    )
+    page = tasks[:limit]
+    return TaskPage(tasks=page, next_cursor=rq.encode_cursor(page[-1].id) if more else None)
 
 
 async def cancel_task(call: Call) -> Task:
@@ -647,7 +655,7 @@ TASK_ENDPOINTS: tuple[Endpoint, ...] = (
             Param("limit", {"type": "integer", "minimum": 1}, "page size (default 100)"),
             Param("cursor", _STRING, "the next_cursor of the previous page"),
         ),
-        errors=(403,),
+        errors=(403, 410),
     ),
     Endpoint(
         "GET",
