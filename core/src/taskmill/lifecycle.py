@@ -44,7 +44,7 @@ from typing import Any, Final, TypeAlias
 
 import attrs
 
-from taskmill.errors import InvalidTransition
+from taskmill.errors import InvalidTaskSpec, InvalidTransition
 from taskmill.model import (
     NO_PROGRESS,
     AttemptOutcome,
@@ -92,6 +92,7 @@ __all__ = [
     "rescue_case",
     "settle_alias",
     "settles_aliases",
+    "unknown_dependency",
 ]
 
 
@@ -579,3 +580,17 @@ def dependency_settles(
     if blocks:
         return DependentOutcome.CANCELLED
     return DependentOutcome.RELEASED if waiting_after == 0 else DependentOutcome.WAITS
+
+
+def unknown_dependency(dependency: str, app_id: str | None, other: str | None) -> InvalidTaskSpec:
+    """The refusal of a dependency that is not stored (``other`` None) or belongs to app
+    ``other``, not to the dependent's ``app_id``: an app cannot see another's tasks."""
+    if other is None:
+        return InvalidTaskSpec(
+            f"after= names task {dependency}, which does not exist; "
+            "a task can only depend on tasks already stored"
+        )
+    return InvalidTaskSpec(
+        f"after= names task {dependency} of app {other!r}, not of {app_id!r}; "
+        "a task can only depend on tasks of its own app"
+    )

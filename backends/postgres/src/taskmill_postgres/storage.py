@@ -51,9 +51,12 @@ from taskmill.lifecycle import (
     cancel_error,
     cancel_targets,
     check_redrive,
+    dependency_blocks,
+    dependency_error,
     enqueued,
     key_taken,
     settles_aliases,
+    unknown_dependency,
 )
 from taskmill.model import (
     Attempt,
@@ -480,6 +483,7 @@ class PostgresStorage(TaskStorage):
         keys: list[str | None] = []
         parents: list[str | None] = []
         users: list[str | None] = []
+        waiting: list[int] = [0] * len(tasks)
         for new in tasks:
             ids.append(new.id)
             types.append(new.task_type)
@@ -493,14 +497,24 @@ class PostgresStorage(TaskStorage):
             users.append(new.user_id)
         args = (
             ids, types, apps, params, priorities, retries, run_ats, keys, parents, users,
-            self._events_lock, self.channel,
+            self._events_lock, self.channel, waiting,
         )  # fmt: skip
         sql = self.sql.enqueue
+        depends = any(new.after for new in tasks)
+        cancelled: dict[int, Record] = {}
 
         async def insert(conn: Conn) -> Record:
+            edges: tuple[list[str], list[str], list[bool]] = ([], [], [])
+            blocked: dict[int, str] = {}
+            if depends:
+                blocked = await self._dependencies(conn, tasks, waiting, edges)
             for _ in range(_ATTEMPTS):
                 try:
-                    row = await conn.fetchrow(sql, *args)
+                    if depends:
+                        async with conn.transaction():  # a savepoint, for the retry
+                            row = await conn.fetchrow(sql, *args)
+                    else:
+                        row = await conn.fetchrow(sql, *args)
                 except asyncpg.exceptions.UniqueViolationError as exc:
                     if exc.constraint_name == "tasks_dedupe_leader":
                         continue  # a leader committed meanwhile: run again, as its alias
@@ -510,19 +524,68 @@ class PostgresStorage(TaskStorage):
                         ) from None
                     raise
                 assert row is not None  # an aggregate: always one row
+                if edges[0]:
+                    await conn.execute(self.sql.insert_dependencies, *edges)
+                if blocked:
+                    events = _Events()
+                    for index, error in blocked.items():
+                        found = await conn.fetchrow(
+                            self.sql.cancel_for_dependency, tasks[index].id, error
+                        )
+                        assert found is not None  # inserted just now
+                        cancelled[index] = found
+                        events.add(found[rows.SEQ], _CANCELLED, "cancelled")
+                    await self._append_events(conn, events)
                 return row
             raise StorageUnavailable(
                 f"enqueueing on {self.where} kept racing concurrent dedupe leaders"
             )
 
-        row = await self._run(insert)
+        row = await self._run(insert, transaction=depends)
         now: datetime = row[0]
         leaders = dict(zip(row[1] or (), row[2] or (), strict=True))
         stored: list[Task] = []
-        for new in tasks:
+        for index, new in enumerate(tasks):
+            if index in cancelled:
+                stored.append(rows.task(cancelled[index]))
+                continue
             run_at = now if new.run_at is None else new.run_at.astimezone(UTC)
             stored.append(enqueued(new, now=now, run_at=run_at, alias_of=leaders.get(new.id)))
         return stored
+
+    async def _dependencies(
+        self,
+        conn: Conn,
+        tasks: Sequence[NewTask],
+        waiting: list[int],
+        edges: tuple[list[str], list[str], list[bool]],
+    ) -> dict[int, str]:
+        """Read (share-locked) and check the dependencies of ``tasks``; fill in each
+        task's count of unfinished ones (``waiting``) and the edges to write.
+
+        :returns: by task index, the error of the tasks to cancel at once (a dependency
+            already ended without completing).
+        :raises InvalidTaskSpec: a dependency is missing or another app's.
+        """
+        wanted = list(dict.fromkeys(d for new in tasks for d in new.after))
+        found = {r[0]: (r[1], r[2]) for r in await conn.fetch(self.sql.lock_dependencies, wanted)}
+        blocked: dict[int, str] = {}
+        for index, new in enumerate(tasks):
+            for dependency in new.after:
+                if dependency not in found:
+                    raise unknown_dependency(dependency, new.app_id, None)
+                status, app_id = found[dependency]
+                if app_id != new.app_id:
+                    raise unknown_dependency(dependency, new.app_id, app_id)
+                blocks = dependency_blocks(rows.STATUS[status], new.after_always)
+                if blocks is None:
+                    waiting[index] += 1
+                    edges[0].append(dependency)
+                    edges[1].append(new.id)
+                    edges[2].append(new.after_always)
+                elif blocks and index not in blocked:
+                    blocked[index] = dependency_error(dependency, rows.STATUS[status])
+        return blocked
 
     async def claim_batch(self, request: ClaimRequest) -> list[Task]:
         """Claim up to ``request.limit`` due PENDING leaders with one statement, which
@@ -731,13 +794,18 @@ class PostgresStorage(TaskStorage):
     async def summary(self, filter: TaskFilter) -> ProgressSummary:
         """Counts by status from one ``GROUP BY status`` query; no task is loaded."""
         where, args = filter_sql(filter)
-        sql = f"SELECT status, count(*) FROM {self.sql.quoted}.tasks WHERE {where} GROUP BY status"
+        sql = (
+            "SELECT status, count(*), count(*) FILTER (WHERE waiting_on > 0)"
+            f" FROM {self.sql.quoted}.tasks WHERE {where} GROUP BY status"
+        )
 
         async def summarize(conn: Conn) -> list[Record]:
             return list(await conn.fetch(sql, *args))
 
-        counts = {r[0]: r[1] for r in await self._run(summarize)}
-        return ProgressSummary.from_counts(counts)
+        found = await self._run(summarize)
+        counts = {r[0]: r[1] for r in found}
+        waiting = sum(r[2] for r in found if r[0] == "pending")
+        return ProgressSummary.from_counts(counts, waiting=waiting)
 
     async def attempts(self, task_id: str) -> list[Attempt]:
         """The execution log of one task in insertion order (empty for an unknown id)."""
@@ -898,6 +966,17 @@ class PostgresStorage(TaskStorage):
                 done.add(alias[rows.ID])
                 changed.append(alias)
                 events.add(alias[rows.SEQ], _CANCELLED, "cancelled")
+        if changed:
+            seqs = await conn.fetchval(
+                self.sql.settle_dependents,
+                [r[rows.SEQ] for r in changed],
+                self._events_lock,
+                self.channel,
+            )
+            if seqs:
+                changed += sorted(
+                    await conn.fetch(self.sql.by_seq, list(seqs)), key=lambda r: r[rows.SEQ]
+                )
         running = [r for r in active if r["status"] == "running"]
         if running:
             await conn.execute(

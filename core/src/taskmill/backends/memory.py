@@ -24,7 +24,7 @@ from typing import Any, Self
 import attrs
 
 from taskmill.cursors import position_token, token_position
-from taskmill.errors import InvalidTaskSpec, InvalidURL, StorageUnavailable, TaskNotFound
+from taskmill.errors import InvalidURL, StorageUnavailable, TaskNotFound
 from taskmill.lifecycle import (
     CANCELLATION,
     DEFAULT_CANCEL_REASON,
@@ -50,6 +50,7 @@ from taskmill.lifecycle import (
     rescue_case,
     settle_alias,
     settles_aliases,
+    unknown_dependency,
 )
 from taskmill.migrations import run_sync
 from taskmill.model import (
@@ -195,7 +196,9 @@ class MemoryStorage(TaskStorage):
             for dependency in new.after:
                 found = self._tasks.get(dependency)
                 if found is None or found.app_id != new.app_id:
-                    raise _unknown_dependency(dependency, new.app_id, found)
+                    raise unknown_dependency(
+                        dependency, new.app_id, None if found is None else found.app_id
+                    )
         for new in tasks:
             alias_of = None
             if new.dedupe_key is not None:
@@ -772,16 +775,3 @@ class MemoryStorage(TaskStorage):
             self._registrations.values(),
             key=lambda r: (r.app_id is not None, r.app_id or "", r.task_type),
         )
-
-
-def _unknown_dependency(dependency: str, app_id: str | None, found: Task | None) -> InvalidTaskSpec:
-    """The refusal of a dependency that is not a stored task of ``app_id``."""
-    if found is None:
-        return InvalidTaskSpec(
-            f"after= names task {dependency}, which does not exist; "
-            "a task can only depend on tasks already stored"
-        )
-    return InvalidTaskSpec(
-        f"after= names task {dependency} of app {found.app_id!r}, not of {app_id!r}; "
-        "a task can only depend on tasks of its own app"
-    )

@@ -40,7 +40,7 @@ from taskmill.backends.sqlite.rows import (
     task,
 )
 from taskmill.cursors import position_token, token_position
-from taskmill.errors import InvalidTaskSpec, TaskNotFound
+from taskmill.errors import TaskNotFound
 from taskmill.lifecycle import (
     CANCELLATION,
     DEFAULT_CANCEL_REASON,
@@ -63,6 +63,7 @@ from taskmill.lifecycle import (
     finish_kind,
     key_taken,
     rescue_case,
+    unknown_dependency,
 )
 from taskmill.migrations import run_sync
 from taskmill.model import (
@@ -165,19 +166,6 @@ def _dependencies(
             if found[dependency][1] != new.app_id:
                 raise unknown_dependency(dependency, new.app_id, found[dependency][1])
     return found
-
-
-def unknown_dependency(dependency: str, app_id: str | None, other: str | None) -> InvalidTaskSpec:
-    """The refusal of a dependency that is missing (``other`` None) or of app ``other``."""
-    if other is None:
-        return InvalidTaskSpec(
-            f"after= names task {dependency}, which does not exist; "
-            "a task can only depend on tasks already stored"
-        )
-    return InvalidTaskSpec(
-        f"after= names task {dependency} of app {other!r}, not of {app_id!r}; "
-        "a task can only depend on tasks of its own app"
-    )
 
 
 def enqueue(conn: sqlite3.Connection, tasks: Sequence[NewTask]) -> list[Task]:
