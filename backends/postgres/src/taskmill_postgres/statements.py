@@ -294,7 +294,8 @@ class Statements:
             f" {self._dependents_of('done', 17, 18)},"
             f" {gate('done', 17, [notify(18, 'events'), requeued], also='al')},"
             f" {self._events_of(f'SELECT d.seq, {_FINISH_EVENT}, d.status, d.ord FROM done AS d')}"
-            " SELECT done.* FROM done, (SELECT count(*) FROM dp) AS dp_n"
+            # dp is run by being read, once (an InitPlan), before done's rows are returned.
+            " SELECT * FROM done WHERE (SELECT count(*) FROM dp) >= 0"
         )
         """Finish a batch (16 arrays, then the events lock and the channel prefix): every kind
         in one UPDATE, the execution-log rows, the terminal leaders' aliases, and the
@@ -374,7 +375,7 @@ class Statements:
             f" {self._dependents_of('r', 2, 3)},"
             f" {gate('r', 2, [notify(3, 'work'), notify(3, 'events')], also='al')},"
             f" {self._events_of(rescued)}"
-            " SELECT r.* FROM r, (SELECT count(*) FROM dp) AS dp_n ORDER BY r.seq"
+            " SELECT * FROM r WHERE (SELECT count(*) FROM dp) >= 0 ORDER BY seq"
         )
         """Rescue expired leases (limit, the events lock, the channel prefix): the tasks, their
         LOST execution-log rows, the aliases of those that failed or were cancelled,
