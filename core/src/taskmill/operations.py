@@ -249,7 +249,7 @@ class TaskOperations:
                 parent_id=parent_id,
                 max_retries=max_retries,
                 user_id=user_id,
-                after=after,  # type: ignore[arg-type]  # the converter makes it a tuple
+                after=after,  # the converter makes it a tuple (refusing a str)
                 after_policy=after_policy,
             )
         except (TypeError, ValueError) as exc:
