@@ -101,7 +101,9 @@ async def _run_chain(url: str) -> None:
             previous = [task.id]
         assert (await tm.progress_summary(TaskFilter())).waiting == CHAIN - 1
         # Several slots and a short poll: only the dependencies keep the chain in order.
-        await tm.run_worker(until_idle=True, concurrency=8, poll_interval=0.05, handle_signals=False)
+        await tm.run_worker(
+            until_idle=True, concurrency=8, poll_interval=0.05, handle_signals=False
+        )
         summary = await tm.progress_summary(TaskFilter())
         assert summary.completed == CHAIN, summary
     assert order == list(range(CHAIN))
