@@ -115,3 +115,36 @@ async def test_a_chain_of_1000_runs_in_order_on_sqlite(tmp_path: Path) -> None:
 
 async def test_a_chain_of_1000_runs_in_order_on_postgres(postgres_url: str) -> None:
     await _run_chain(postgres_url)
+
+
+@pytest.mark.slow
+async def test_three_postgres_worker_processes_run_a_chain_in_order_once(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    from collections import Counter
+
+    from taskmill.testing import wait_until
+
+    from tests.test_multiprocess_sqlite import Cluster
+
+    links = 150
+    cluster = Cluster(postgres_url, tmp_path / "runs.log")
+    try:
+        async with Taskmill(postgres_url, plugins=False) as tm:
+            ids: list[str] = []
+            for _ in range(links):
+                task = await tm.enqueue("record", after=ids[-1:])
+                ids.append(task.id)
+            procs = [cluster.start("--concurrency", "4") for _ in range(3)]
+
+            async def all_done() -> bool:
+                for proc in procs:
+                    assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+                return (await tm.progress_summary(TaskFilter())).completed == links
+
+            await wait_until(all_done, timeout=180, interval=0.2)
+    finally:
+        cluster.close()
+    runs = cluster.lines("ran")
+    assert [row[0] for row in runs] == ids  # in chain order (O_APPEND log lines)
+    assert max(Counter(row[0] for row in runs).values()) == 1
