@@ -132,6 +132,8 @@ class MemoryStorage(TaskStorage):
         # none), and per dependency its unresolved edges (dependent id, after_always).
         self._waiting: dict[str, int] = {}
         self._dependents: dict[str, list[tuple[str, bool]]] = {}
+        # Dependents cancelled by their dependency during the current operation: cancel()
+        # returns them among the tasks it changed; every other operation drops them.
         self._cancelled_by_dependency: list[Task] = []
 
     def _emit(self, kind: EventKind, task: Task, at: float) -> None:
@@ -222,6 +224,7 @@ class MemoryStorage(TaskStorage):
             if blocker is not None:
                 task = self._cancel_for(task, blocker, now_ts)
             stored.append(task)
+        self._cancelled_by_dependency.clear()
         return stored
 
     def _wait_for(self, new: NewTask) -> Task | None:
@@ -442,6 +445,7 @@ class MemoryStorage(TaskStorage):
                 )
             )
             results.append(task)
+        self._cancelled_by_dependency.clear()  # cancel() alone reports them
         return results
 
     async def renew_leases(
@@ -506,6 +510,7 @@ class MemoryStorage(TaskStorage):
                 )
             )
             rescued.append(task)
+        self._cancelled_by_dependency.clear()
         return rescued
 
     async def retry(self, task_id: str) -> Task:
