@@ -99,7 +99,7 @@ class TestPostgresStorage(StorageContract):
         migrations.drop()
 
 
-async def test_the_schema_has_the_tables_and_the_one_function_the_statements_use(
+async def test_the_schema_has_the_tables_and_the_two_functions_the_statements_use(
     postgres_url: str,
 ):
     store = PostgresStorage.from_url(postgres_url)
@@ -108,8 +108,9 @@ async def test_the_schema_has_the_tables_and_the_one_function_the_statements_use
     catalog = await dump(store.schema)
     assert {r[0] for r in catalog["tables"]} >= {
         "tasks", "attempts", "events", "suspensions", "taskmill_meta", "tasks_claim",
+        "task_dependencies",
     }  # fmt: skip
-    assert [r[0] for r in catalog["functions"]] == ["settle_aliases"]
+    assert sorted(r[0] for r in catalog["functions"]) == ["settle_aliases", "settle_dependents"]
 
 
 @pytest.fixture

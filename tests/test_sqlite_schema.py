@@ -124,12 +124,13 @@ async def test_the_schema_version_is_stored(tmp_path: Path):
     assert stored_version(path) == str(latest_version())
 
 
-def test_the_current_schema_is_version_3_with_the_control_tables():
-    assert latest_version() == 3
+def test_the_current_schema_is_version_4_with_the_control_tables():
+    assert latest_version() == 4
     assert [m.name for m in migrations()] == [
         "0001_initial.sql",
         "0002_control.sql",
         "0003_handler_registrations.sql",
+        "0004_dependencies.sql",
     ]
 
 
@@ -139,6 +140,7 @@ async def test_the_control_tables_and_indexes_exist(tmp_path: Path):
     names = {row[1] for row in schema_of(path)}
     assert {"suspensions", "suspensions_scope", "events"} <= names
     assert {"handler_registrations", "handler_registrations_key"} <= names
+    assert {"task_dependencies", "task_dependencies_dependent"} <= names
 
 
 def stepwise_database(path: Path, version: int) -> None:
@@ -164,6 +166,12 @@ def downgrade(path: Path, reference: Path, version: int) -> None:
     keep = {(row[0], row[1]) for row in schema_of(reference)}
     extra = [(kind, name) for kind, name, _, _ in schema_of(path) if (kind, name) not in keep]
     conn = sqlite3.connect(path, isolation_level=None)
+    old = sqlite3.connect(reference)
+    columns = {row[1] for row in old.execute("PRAGMA table_info(tasks)")}
+    old.close()
+    for (column,) in conn.execute("SELECT name FROM pragma_table_info('tasks')").fetchall():
+        if column not in columns:  # added by a later migration (ALTER TABLE ADD COLUMN)
+            conn.execute(f"ALTER TABLE tasks DROP COLUMN {column}")
     for kind, name in extra:  # (dropping a table drops its indexes too)
         assert kind in ("table", "index"), (kind, name)
         conn.execute(f"DROP {kind.upper()} IF EXISTS {name}")

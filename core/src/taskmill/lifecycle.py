@@ -22,6 +22,13 @@ The rules:
 - **Redrive** (:func:`check_redrive`, :func:`key_taken`): ``retry()`` takes a FAILED
   or CANCELLED leader back to PENDING, never an alias, never while another leader holds
   its dedupe key.
+- **Dependencies** (:func:`dependency_blocks`, :func:`dependency_settles`,
+  :data:`DEPENDENCY_CANCELLATION`): a task enqueued with ``after=`` counts its
+  dependencies not yet ended and is claimed only at zero. Each dependency that ends
+  resolves its edge once: COMPLETED (or any end, with ``after_policy="always"``) takes
+  one off the count, and the last one RELEASES the task; any other end CANCELS a task
+  still PENDING, with an error naming the dependency, which in turn settles its own
+  dependents. A dependency's redrive never reopens a resolved edge.
 
 :data:`FINISH_TABLE` enumerates finish kind by stop request by retry budget with the
 transition each combination ends in; the shipped suite
@@ -37,7 +44,7 @@ from typing import Any, Final, TypeAlias
 
 import attrs
 
-from taskmill.errors import DuplicateTaskId, InvalidTransition
+from taskmill.errors import DuplicateTaskId, InvalidTaskSpec, InvalidTransition
 from taskmill.model import (
     NO_PROGRESS,
     AttemptOutcome,
@@ -53,6 +60,8 @@ __all__ = [
     "ALIAS_FIELDS",
     "CANCELLATION",
     "DEFAULT_CANCEL_REASON",
+    "DEPENDENCY_CANCELLATION",
+    "DEPENDENCY_CANCEL_REASON",
     "FINISHES",
     "FINISH_TABLE",
     "REDRIVE_EVENT",
@@ -61,6 +70,7 @@ __all__ = [
     "RESCUE_ERROR",
     "TERMINAL_EVENTS",
     "ChildrenOf",
+    "DependentOutcome",
     "FinishRow",
     "RescueCase",
     "RunAt",
@@ -71,6 +81,9 @@ __all__ = [
     "cancel_error",
     "cancel_targets",
     "check_redrive",
+    "dependency_blocks",
+    "dependency_error",
+    "dependency_settles",
     "enqueued",
     "existing_task",
     "finish_kind",
@@ -81,6 +94,7 @@ __all__ = [
     "settle_alias",
     "settles_aliases",
     "split_taken",
+    "unknown_dependency",
 ]
 
 
@@ -563,4 +577,80 @@ def key_taken(task_id: str, leader: str, dedupe_key: str | None) -> InvalidTrans
     return InvalidTransition(
         f"task {task_id} cannot be retried: task {leader} is already active "
         f"for dedupe key {dedupe_key!r}"
+    )
+
+
+# -- dependencies (``after=``) -----------------------------------------------------------
+
+DEPENDENCY_CANCEL_REASON: Final = CancelReason.PREEMPTED
+"""The reason of a task cancelled because a dependency did not complete: the system, not
+a user, made it obsolete (as a preemption does); the error names the dependency."""
+
+DEPENDENCY_CANCELLATION: Final = Transition(
+    status=TaskStatus.CANCELLED,
+    event=EventKind.CANCELLED,
+    gives_back_attempt=False,
+    run_at=RunAt.KEEP,
+    result=Write.KEEP,
+    error=Write.SET,
+    cancel_reason=Write.SET,
+    outcome=None,
+)
+"""A waiting (PENDING, never claimed since it waits) task whose dependency ended FAILED
+or CANCELLED under ``after_policy="completed"``: CANCELLED with
+:data:`DEPENDENCY_CANCEL_REASON` and :func:`dependency_error`; no attempt is logged."""
+
+
+class DependentOutcome(enum.Enum):
+    """What one resolved dependency edge does to its dependent."""
+
+    WAITS = "waits"
+    """One fewer dependency to wait for; others are still unfinished."""
+    RELEASED = "released"
+    """That was the last one: the task is claimable (event RELEASED)."""
+    CANCELLED = "cancelled"
+    """The dependency did not complete: the task is cancelled (event CANCELLED)."""
+    UNCHANGED = "unchanged"
+    """The dependent is not PENDING (cancelled, or redriven and ended): only the count
+    goes down, nothing else happens."""
+
+
+def dependency_blocks(status: TaskStatus, always: bool) -> bool | None:
+    """How a dependency in ``status`` counts for its dependent: None while it is active
+    (wait for it), False when it ended in a way that lets the dependent run (COMPLETED,
+    or any end with ``always``), True when it ended in a way that cancels it."""
+    if status.active:
+        return None
+    return not always and status is not TaskStatus.COMPLETED
+
+
+def dependency_error(dependency_id: str, status: TaskStatus) -> str:
+    """The error of a task cancelled because ``dependency_id`` ended in ``status``."""
+    return f"dependency {dependency_id} {status.value}; cancelled with it (after_policy)"
+
+
+def dependency_settles(
+    dependent_status: TaskStatus, waiting_after: int, *, blocks: bool
+) -> DependentOutcome:
+    """What an ending dependency does to a dependent in ``dependent_status`` that waits
+    for ``waiting_after`` dependencies once this one is taken off (the count always goes
+    down by one: it is the number of edges not yet resolved)."""
+    if dependent_status is not TaskStatus.PENDING:
+        return DependentOutcome.UNCHANGED
+    if blocks:
+        return DependentOutcome.CANCELLED
+    return DependentOutcome.RELEASED if waiting_after == 0 else DependentOutcome.WAITS
+
+
+def unknown_dependency(dependency: str, app_id: str | None, other: str | None) -> InvalidTaskSpec:
+    """The refusal of a dependency that is not stored (``other`` None) or belongs to app
+    ``other``, not to the dependent's ``app_id``: an app cannot see another's tasks."""
+    if other is None:
+        return InvalidTaskSpec(
+            f"after= names task {dependency}, which does not exist; "
+            "a task can only depend on tasks already stored"
+        )
+    return InvalidTaskSpec(
+        f"after= names task {dependency} of app {other!r}, not of {app_id!r}; "
+        "a task can only depend on tasks of its own app"
     )

@@ -214,6 +214,12 @@ class TaskFilter:
         return filters.matches(self, task)
 
 
+def _task_ids(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        raise ValueError(f"after= takes a list of task ids, not the string {value!r}")
+    return tuple(value)
+
+
 @attrs.frozen
 class TaskSpec:
     """Everything ``Taskmill.enqueue`` takes, as a value; the unit of ``enqueue_many``."""
@@ -228,6 +234,12 @@ class TaskSpec:
     parent_id: str | None = None
     max_retries: int | None = None
     user_id: str | None = None
+    after: tuple[str, ...] = attrs.field(default=(), converter=_task_ids)
+    """Ids of stored tasks this one waits for (docs/dependencies.md): it is claimed only
+    once every one of them has COMPLETED."""
+    after_policy: str = "completed"
+    """``"completed"``: a dependency that ends FAILED or CANCELLED cancels this task;
+    ``"always"``: it runs once every dependency has ended, however it ended."""
 
     @classmethod
     def from_value(cls, value: TaskSpec | Mapping[str, Any]) -> TaskSpec:
@@ -259,11 +271,16 @@ class ProgressSummary:
     completed: int = 0
     failed: int = 0
     cancelled: int = 0
+    waiting: int = 0
+    """Of the PENDING tasks, those still waiting for a dependency (``after=``)."""
 
     @classmethod
-    def from_counts(cls, counts: Mapping[TaskStatus, int] | Mapping[str, int]) -> ProgressSummary:
+    def from_counts(
+        cls, counts: Mapping[TaskStatus, int] | Mapping[str, int], *, waiting: int = 0
+    ) -> ProgressSummary:
         """The summary of tasks counted by status (or by status value, as stored); a
-        status that is absent counts 0."""
+        status that is absent counts 0. ``waiting`` is how many PENDING ones wait for a
+        dependency."""
         by = {getattr(k, "value", k): n for k, n in counts.items()}
         pending, running = by.get("pending", 0), by.get("running", 0)
         completed, failed, cancelled = (
@@ -278,6 +295,7 @@ class ProgressSummary:
             completed=completed,
             failed=failed,
             cancelled=cancelled,
+            waiting=int(waiting),
         )
 
     @property
@@ -321,6 +339,9 @@ class EventKind(enum.Enum):
     CANCELLED = "cancelled"
     CANCEL_REQUESTED = "cancel_requested"
     """A running task was asked to stop (suspension); its worker will requeue it."""
+    RELEASED = "released"
+    """A task waiting for dependencies (``after=``) became claimable: the last of them
+    ended (COMPLETED, or any way with ``after_policy="always"``)."""
 
 
 @attrs.frozen

@@ -184,6 +184,7 @@ class TaskOperations:
             raise InvalidTaskSpec(f"priority must be an int, got {spec.priority!r}")
         if not spec.task_type or not isinstance(spec.task_type, str):
             raise InvalidTaskSpec("task_type must be a non-empty string")
+        after = _dependencies(spec)
         return NewTask(
             id=str(uuid.uuid4()),
             task_type=spec.task_type,
@@ -196,6 +197,8 @@ class TaskOperations:
             dedupe_key=spec.dedupe_key,
             parent_id=spec.parent_id,
             user_id=spec.user_id,
+            after=after,
+            after_always=spec.after_policy == "always",
         )
 
     async def enqueue(
@@ -211,17 +214,28 @@ class TaskOperations:
         parent_id: str | None = None,
         max_retries: int | None = None,
         user_id: str | None = None,
+        after: Iterable[str] = (),
+        after_policy: str = "completed",
     ) -> Task:
         """Store a new task and return its snapshot.
 
         With a ``dedupe_key`` held by an active task of the same ``(app_id, task_type)``
         the new task is an alias of it (``alias_of``) and takes its outcome.
 
+        ``after`` names stored tasks (of the same app) this one waits for: it stays
+        PENDING, never claimed, until every one of them has COMPLETED. When one ends
+        FAILED or CANCELLED it is cancelled (reason PREEMPTED, an error naming that
+        dependency), or, with ``after_policy="always"``, it runs once all have ended.
+        See docs/dependencies.md.
+
         :raises InvalidParams: params is not a JSON object or is too large.
         :raises InvalidTaskSpec: the options are inconsistent (run_at with delay, a
             naive run_at, a negative max_retries, ...).
         :raises UnknownTaskType: the ``Taskmill`` was built with ``strict_types=True``
             and no handler registered in it serves ``task_type``.
+        :raises InvalidTaskSpec: also when a dependency does not exist, belongs to
+            another app, or ``after`` is combined with a ``dedupe_key``; nothing is
+            stored.
         """
         try:
             spec = TaskSpec(
@@ -235,8 +249,10 @@ class TaskOperations:
                 parent_id=parent_id,
                 max_retries=max_retries,
                 user_id=user_id,
+                after=after,  # the converter makes it a tuple (refusing a str)
+                after_policy=after_policy,
             )
-        except ValueError as exc:
+        except (TypeError, ValueError) as exc:
             raise InvalidTaskSpec(str(exc)) from None
         (task,) = await self._enqueue_specs([spec])
         return task
@@ -517,3 +533,25 @@ class AppTasks(TaskOperations):
 
     def __repr__(self) -> str:
         return f"AppTasks(app_id={self._app_id!r}, url={self._host.url!r})"
+
+
+_AFTER_POLICIES = ("completed", "always")
+
+
+def _dependencies(spec: TaskSpec) -> tuple[str, ...]:
+    """``spec.after`` checked and without repeats (in the order given)."""
+    if spec.after_policy not in _AFTER_POLICIES:
+        raise InvalidTaskSpec(
+            f"after_policy must be 'completed' or 'always', got {spec.after_policy!r}"
+        )
+    if not spec.after:
+        return ()
+    for dependency in spec.after:
+        if not isinstance(dependency, str) or not dependency:
+            raise InvalidTaskSpec(f"after= takes task ids (strings), got {dependency!r}")
+    if spec.dedupe_key is not None:
+        raise InvalidTaskSpec(
+            "a task with after= cannot have a dedupe_key: an alias takes its leader's "
+            "outcome and never waits for dependencies of its own; enqueue it without one"
+        )
+    return tuple(dict.fromkeys(spec.after))

@@ -156,6 +156,12 @@ class NewTask:
     dedupe_key: str | None = None
     parent_id: str | None = None
     user_id: str | None = None
+    after: tuple[str, ...] = ()
+    """Ids of stored tasks of the same app this one depends on (distinct; never with a
+    ``dedupe_key``): see :meth:`TaskStorage.enqueue` and :mod:`taskmill.lifecycle`."""
+    after_always: bool = False
+    """Run once every dependency has ended, however it ended (``after_policy="always"``);
+    False: a dependency that ends FAILED or CANCELLED cancels this task."""
 
 
 @attrs.frozen
@@ -358,6 +364,21 @@ class TaskStorage(abc.ABC):
         insert it once and all return that task. (A task removed by :meth:`cleanup`
         is no longer stored, so its id can be inserted again.)
 
+        Dependencies (``after``, docs/dependencies.md): each id must name a task already
+        stored, of the same ``app_id``. The store keeps one edge per dependency and, on
+        the task, the number of dependencies not yet ended; a task with a non-zero
+        number is never claimed (nor counted by :meth:`next_run_at`). A dependency that
+        has already ended is resolved at once (:func:`taskmill.lifecycle.
+        dependency_blocks`): COMPLETED, or any end with ``after_always``, counts as
+        done; otherwise the task is stored CANCELLED (reason PREEMPTED, an error naming
+        the dependency). Reading a dependency's status and writing the edge happen under
+        a lock that the dependency's own finish takes, so no release is lost to a
+        dependency that ends while its dependent is being enqueued. Every later end of
+        a dependency (finish, rescue, cancel, alias settlement) settles its dependents
+        in the same transaction (:func:`taskmill.lifecycle.dependency_settles`).
+
+        :raises InvalidTaskSpec: a dependency does not exist or belongs to another app
+            (the message names it); nothing is stored.
         :returns: the stored snapshots, in the order given.
         :raises DuplicateTaskId: an id is taken by a different task.
         """

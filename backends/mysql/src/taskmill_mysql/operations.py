@@ -32,15 +32,20 @@ from taskmill.lifecycle import (
     RESCUE_ERROR,
     RESCUES,
     TERMINAL_EVENTS,
+    DependentOutcome,
     Transition,
     cancel_error,
     cancel_targets,
     check_redrive,
+    dependency_blocks,
+    dependency_error,
+    dependency_settles,
     enqueued,
     finish_kind,
     key_taken,
     rescue_case,
     split_taken,
+    unknown_dependency,
 )
 from taskmill.model import (
     Attempt,
@@ -92,6 +97,8 @@ _ENQUEUED: Final = EventKind.ENQUEUED.value
 _STARTED: Final = EventKind.STARTED.value
 _CANCEL_REQUESTED: Final = EventKind.CANCEL_REQUESTED.value
 _CANCELLED_EVENT: Final = CANCELLATION.event.value
+_RELEASED: Final = EventKind.RELEASED.value
+_TERMINAL: Final = frozenset(_TERMINAL_EVENT)
 assert CANCELLATION.outcome is not None
 _CANCELLED_OUTCOME: Final = CANCELLATION.outcome.value
 _PROGRESS: Final = EventKind.PROGRESS.value
@@ -164,6 +171,63 @@ async def _settle_aliases(s: Session, leader: Row, at: datetime, events: list[Ev
 # -- writing tasks -----------------------------------------------------------------------
 
 
+async def _dependencies(s: Session, tasks: Sequence[NewTask]) -> dict[str, tuple[str, str | None]]:
+    """The (status, app id) of every task ``tasks`` depend on, share-locked; refuses a
+    dependency that does not exist or is another app's (before anything is written)."""
+    wanted = list(dict.fromkeys(d for new in tasks for d in new.after))
+    found: dict[str, tuple[str, str | None]] = {}
+    for chunk in _chunks(wanted):
+        for task_id, status, app_id in await s.fetchall(sql.lock_dependencies(len(chunk)), chunk):
+            found[task_id] = (status, app_id)
+    for new in tasks:
+        for dependency in new.after:
+            if dependency not in found:
+                raise unknown_dependency(dependency, new.app_id, None)
+            if found[dependency][1] != new.app_id:
+                raise unknown_dependency(dependency, new.app_id, found[dependency][1])
+    return found
+
+
+async def settle_dependents(
+    s: Session, ended: list[tuple[str, str]], at: datetime, events: list[Event]
+) -> list[Row]:
+    """Settle the dependents of the tasks that just ended, given as (id, stored status),
+    as :func:`taskmill.lifecycle.dependency_settles` says, and in turn those of the
+    dependents that cancels; append the events to ``events``.
+
+    :returns: the rows of the dependents cancelled.
+    """
+    cancelled: list[Row] = []
+    level = ended
+    while level:
+        status_of = dict(level)
+        edges: list[Row] = []
+        for chunk in _chunks(list(status_of)):
+            found = await s.fetchall(sql.lock_edges(len(chunk)), chunk)
+            if found:
+                edges += found
+                await s.execute(sql.delete_edges(len(chunk)), chunk)
+        level = []
+        for dependency, dependent_id, always in edges:
+            await s.execute(sql.COUNT_DOWN, (dependent_id,))
+            row = await s.fetchone(sql.WAITING_OF, (dependent_id,))
+            if row is None:
+                continue  # deleted by cleanup
+            seq, status, left = row
+            ended_as = STATUS[status_of[dependency]]
+            blocks = bool(dependency_blocks(ended_as, bool(always)))
+            outcome = dependency_settles(STATUS[status], left, blocks=blocks)
+            if outcome is DependentOutcome.RELEASED:
+                events.append((seq, dependent_id, _RELEASED, "pending", at))
+            elif outcome is DependentOutcome.CANCELLED:
+                error = dependency_error(dependency, ended_as)
+                await s.execute(sql.DEPENDENCY_CANCEL, {"now": at, "error": error, "seq": seq})
+                events.append((seq, dependent_id, _CANCELLED_EVENT, "cancelled", at))
+                cancelled += await _by_seq(s, [seq])
+                level.append((dependent_id, "cancelled"))
+    return cancelled
+
+
 async def enqueue(s: Session, tasks: Sequence[NewTask]) -> list[Task]:
     at = await now(s)
     at_dt = as_datetime(at)
@@ -177,7 +241,19 @@ async def enqueue(s: Session, tasks: Sequence[NewTask]) -> list[Task]:
             snapshot = task(row)
             taken[snapshot.id] = snapshot
     fresh, known = split_taken(tasks, taken)
-    for new in fresh:
+    statuses = await _dependencies(s, fresh) if any(new.after for new in fresh) else {}
+    edges: list[tuple[str, str, bool]] = []
+    blocked: dict[int, tuple[str, str]] = {}  # index in fresh -> the dependency that cancels it
+    for index, new in enumerate(fresh):
+        waiting = 0
+        for dependency in new.after:
+            status = statuses[dependency][0]
+            blocks = dependency_blocks(STATUS[status], new.after_always)
+            if blocks is None:
+                waiting += 1
+                edges.append((dependency, new.id, new.after_always))
+            elif blocks and index not in blocked:
+                blocked[index] = (dependency, status)
         alias_of: str | None = None
         key = new.dedupe_key
         if key is not None:
@@ -194,6 +270,7 @@ async def enqueue(s: Session, tasks: Sequence[NewTask]) -> list[Task]:
             [
                 new.id, new.task_type, at, run_at, at, new.app_id, new.params_json,
                 int(new.priority), new.max_retries, key, alias_of, new.parent_id, new.user_id,
+                waiting,
             ]
         )  # fmt: skip
         stored.append(enqueued(new, now=at_dt, run_at=as_datetime(run_at), alias_of=alias_of))
@@ -203,7 +280,17 @@ async def enqueue(s: Session, tasks: Sequence[NewTask]) -> list[Task]:
         await s.execute(sql.INSERT_PREFIX + ", ".join([sql.INSERT_ROW] * len(chunk)), args)
         ids = [row[0] for row in chunk]
         seq_of.update(await s.fetchall(sql.select_seqs_by_id(len(ids)), ids))
-    await append_events(s, [(seq_of[t.id], t.id, _ENQUEUED, "pending", at) for t in stored])
+    events: list[Event] = [(seq_of[t.id], t.id, _ENQUEUED, "pending", at) for t in stored]
+    if edges:
+        await s.executemany(sql.INSERT_DEPENDENCY, edges)
+    for index, (dependency, status) in blocked.items():
+        seq = seq_of[fresh[index].id]
+        error = dependency_error(dependency, STATUS[status])
+        await s.execute(sql.DEPENDENCY_CANCEL, {"now": at, "error": error, "seq": seq})
+        (row,) = await _by_seq(s, [seq])
+        events.append((seq, row[ID], _CANCELLED_EVENT, "cancelled", at))
+        stored[index] = task(row)
+    await append_events(s, events)
     known.update((t.id, t) for t in stored)
     return [known[new.id] for new in tasks]
 
@@ -324,6 +411,7 @@ async def finish(s: Session, finishes: Sequence[Finish]) -> list[Task | None]:
     results: list[Task | None] = [None] * len(finishes)
     log: list[Row] = []
     events: list[Event] = []
+    ended: list[tuple[str, str]] = []
     # Rounds of finishes with distinct task ids, so that a task named twice in one call
     # is finished in call order (the second finds its lease gone, as if sequential).
     rounds: list[list[int]] = []
@@ -358,8 +446,11 @@ async def finish(s: Session, finishes: Sequence[Finish]) -> list[Task | None]:
             kind_event, outcome = _APPLIED[kind]
             outcome = outcome or one.outcome.value
             events.append((seq, row[ID], kind_event, row[STATUS_COL], at))
+            if row[STATUS_COL] in _TERMINAL:
+                ended.append((row[ID], row[STATUS_COL]))
             if leads_aliases(row):
-                await _settle_aliases(s, row, at, events)
+                for alias in await _settle_aliases(s, row, at, events):
+                    ended.append((alias[ID], alias[STATUS_COL]))
             lease = one.lease
             log.append(
                 (
@@ -369,6 +460,8 @@ async def finish(s: Session, finishes: Sequence[Finish]) -> list[Task | None]:
                 )
             )  # fmt: skip
             results[index] = task(row)
+    if ended:
+        await settle_dependents(s, ended, at, events)
     await s.executemany(sql.INSERT_ATTEMPT, log)
     await append_events(s, events)
     return results
@@ -436,12 +529,16 @@ async def rescue(s: Session, limit: int) -> list[Task]:
     rescued: list[Task] = []
     log: list[Row] = []
     events: list[Event] = []
+    ended: list[tuple[str, str]] = []
     for seq, task_id, worker_id, attempts, _, started_at, _ in expired:
         row = rows[seq]
         transition = transitions[seq]
         events.append((seq, task_id, transition.event.value, row[STATUS_COL], at))
+        if row[STATUS_COL] in _TERMINAL:
+            ended.append((task_id, row[STATUS_COL]))
         if leads_aliases(row):
-            await _settle_aliases(s, row, at, events)
+            for alias in await _settle_aliases(s, row, at, events):
+                ended.append((alias[ID], alias[STATUS_COL]))
         log.append(
             (
                 seq, task_id, attempts, worker_id or "", at if started_at is None else started_at,
@@ -449,6 +546,8 @@ async def rescue(s: Session, limit: int) -> list[Task]:
             )
         )  # fmt: skip
         rescued.append(task(row))
+    if ended:
+        await settle_dependents(s, ended, at, events)
     await s.executemany(sql.INSERT_ATTEMPT, log)
     await append_events(s, events)
     return rescued
@@ -496,9 +595,11 @@ async def query(s: Session, args: tuple[TaskFilter, int, int, bool, str | None])
 async def summary(s: Session, filter: TaskFilter) -> ProgressSummary:
     selected = sql.filter_sql(filter)
     rows = await s.fetchall(
-        f"SELECT status, COUNT(*) FROM tasks{selected.where} GROUP BY status", selected.args
+        f"SELECT status, COUNT(*), SUM(waiting_on > 0) FROM tasks{selected.where} GROUP BY status",
+        selected.args,
     )
-    return ProgressSummary.from_counts({status: int(n) for status, n in rows})
+    waiting = sum(int(w or 0) for status, _, w in rows if status == "pending")
+    return ProgressSummary.from_counts({status: int(n) for status, n, _ in rows}, waiting=waiting)
 
 
 async def attempts(s: Session, task_id: str) -> list[Attempt]:
@@ -531,6 +632,11 @@ async def cleanup(s: Session, args: tuple[timedelta, frozenset[TaskStatus]]) -> 
     params = [cutoff, *(x.value for x in statuses)]
     await s.execute(
         "DELETE a FROM attempts AS a JOIN tasks AS t ON t.seq = a.task_seq "
+        f"WHERE t.{where.replace(' AND status', ' AND t.status')}",
+        params,
+    )
+    await s.execute(
+        "DELETE d FROM task_dependencies AS d JOIN tasks AS t ON t.id = d.task_id "
         f"WHERE t.{where.replace(' AND status', ' AND t.status')}",
         params,
     )
@@ -643,6 +749,9 @@ async def cancel(
         if status == "running"
     ]  # fmt: skip
     await s.executemany(sql.INSERT_ATTEMPT, log)
+    if cancelled:
+        ended = [(r[ID], r[STATUS_COL]) for r in cancelled]
+        cancelled += await settle_dependents(s, ended, at, events)
     await append_events(s, events)
     return [task(r) for r in cancelled]
 

@@ -172,9 +172,20 @@ class MySQLTarget:
             await cursor.execute(f"USE {quoted}")
 
     async def apply(self, migration: Migration) -> None:
-        """Run one file, statement by statement (each idempotent)."""
+        """Run one file, statement by statement (each idempotent; an ``ALTER TABLE t
+        ADD COLUMN c`` whose column exists is skipped, MySQL 8 having no ``IF NOT
+        EXISTS`` for it)."""
         async with self.conn.cursor() as cursor:
             for statement in statements_of(migration, mariadb=self.mariadb):
+                added = _ADD_COLUMN.match(statement)
+                if added is not None:
+                    await cursor.execute(
+                        "SELECT 1 FROM information_schema.columns WHERE table_schema = %s "
+                        "AND table_name = %s AND column_name = %s",
+                        (self.database, added["table"], added["column"]),
+                    )
+                    if await cursor.fetchone() is not None:
+                        continue
                 await cursor.execute(statement)
 
     async def record(self, version: int) -> None:
@@ -185,6 +196,11 @@ class MySQLTarget:
                 "VALUES (%s, %s) ON DUPLICATE KEY UPDATE `value` = VALUES(`value`)",
                 (VERSION_KEY, str(version)),
             )
+
+
+_ADD_COLUMN: Final = re.compile(
+    r"ALTER\s+TABLE\s+(?P<table>\w+)\s+ADD\s+COLUMN\s+(?P<column>\w+)", re.IGNORECASE
+)
 
 
 def runner(where: str, database: str) -> MigrationRunner:

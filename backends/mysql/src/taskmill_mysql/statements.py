@@ -17,7 +17,15 @@ from __future__ import annotations
 
 from typing import Final
 
-from taskmill.lifecycle import ALIAS_FIELDS, CANCELLATION, FINISHES, RESCUE_ERROR, RESCUES
+from taskmill.lifecycle import (
+    ALIAS_FIELDS,
+    CANCELLATION,
+    DEPENDENCY_CANCEL_REASON,
+    DEPENDENCY_CANCELLATION,
+    FINISHES,
+    RESCUE_ERROR,
+    RESCUES,
+)
 from taskmill.model import TaskFilter
 from taskmill.sql.filters import Dialect, SQLFilter, translate
 from taskmill.sql.lifecycle import Sources, literal, set_clause
@@ -58,10 +66,11 @@ LEASE_CLEARED: Final = "worker_id = NULL, lease_expires_at = NULL"
 
 # -- tasks ---------------------------------------------------------------------------
 
-INSERT_ROW: Final = "(%s, %s, 'pending', %s, %s, %s, %s, %s, '{}', %s, %s, %s, %s, %s, %s)"
+INSERT_ROW: Final = "(%s, %s, 'pending', %s, %s, %s, %s, %s, '{}', %s, %s, %s, %s, %s, %s, %s)"
 INSERT_PREFIX: Final = (
     "INSERT INTO tasks (id, task_type, status, created_at, run_at, updated_at, app_id, "
-    "params, data, priority, max_retries, dedupe_key, alias_of, parent_id, user_id) VALUES "
+    "params, data, priority, max_retries, dedupe_key, alias_of, parent_id, user_id, "
+    "waiting_on) VALUES "
 )
 DEDUPE_HASH: Final = "UNHEX(SHA2(CONCAT(IFNULL(CONCAT('a', %s), 'h'), X'00', %s, X'00', %s), 256))"
 """The ``dedupe_leader`` generated column's expression (0001_initial.sql) over (app
@@ -271,3 +280,45 @@ RESUME: Final = "DELETE FROM suspensions WHERE task_type <=> %s AND app_id <=> %
 CANCELLATION_SET: Final = set_clause(
     CANCELLATION, Sources(now="%(now)s", cancel_reason="%(reason)s")
 )
+
+# -- dependencies (docs/dependencies.md) -------------------------------------------------
+
+
+def lock_dependencies(n: int) -> str:
+    """The status and app of ``n`` dependencies, share-locked: a dependency finishing
+    meanwhile either committed first (its status is read here) or waits for this
+    enqueue, and then finds (with a locking read) the edges written here."""
+    return f"SELECT id, status, app_id FROM tasks WHERE id IN ({marks(n)}) LOCK IN SHARE MODE"
+
+
+def lock_edges(n: int) -> str:
+    """The unresolved edges to ``n`` tasks that just ended, locked (a locking read sees
+    every committed edge)."""
+    return (
+        "SELECT depends_on, task_id, always FROM task_dependencies "
+        f"WHERE depends_on IN ({marks(n)}) FOR UPDATE"
+    )
+
+
+def delete_edges(n: int) -> str:
+    return f"DELETE FROM task_dependencies WHERE depends_on IN ({marks(n)})"
+
+
+INSERT_DEPENDENCY: Final = (
+    "INSERT IGNORE INTO task_dependencies (depends_on, task_id, always) VALUES (%s, %s, %s)"
+)
+COUNT_DOWN: Final = "UPDATE tasks SET waiting_on = waiting_on - 1 WHERE id = %s"
+WAITING_OF: Final = "SELECT seq, status, waiting_on FROM tasks WHERE id = %s"
+DEPENDENCY_CANCEL: Final = (
+    "UPDATE tasks SET "
+    + set_clause(
+        DEPENDENCY_CANCELLATION,
+        Sources(
+            now="%(now)s",
+            error="%(error)s",
+            cancel_reason=literal(DEPENDENCY_CANCEL_REASON.value),
+        ),
+    )
+    + f", updated_at = %(now)s, {LEASE_CLEARED} WHERE seq = %(seq)s"
+)
+"""A waiting task cancelled by its dependency (named parameters now, error, seq)."""

@@ -33,6 +33,8 @@ import attrs
 from taskmill.lifecycle import (
     CANCELLATION,
     DEFAULT_CANCEL_REASON,
+    DEPENDENCY_CANCEL_REASON,
+    DEPENDENCY_CANCELLATION,
     FINISHES,
     RESCUE_ERROR,
     RESCUES,
@@ -66,7 +68,7 @@ def columns(alias: str) -> str:
 
 
 TASK_COLUMNS: Final = ", ".join(TASK_COLUMN_NAMES)
-CLAIMABLE: Final = "status = 'pending' AND alias_of IS NULL"
+CLAIMABLE: Final = "status = 'pending' AND alias_of IS NULL AND waiting_on = 0"
 """The predicate of the partial ``tasks_claim`` index (queries repeat it verbatim)."""
 ACTIVE: Final = "status IN ('pending', 'running')"
 
@@ -179,6 +181,10 @@ _CANCELLED_OUTCOME: Final = CANCELLATION.outcome.value
 _TERMINAL: Final = ", ".join(literal(s.value) for s in TERMINAL_EVENTS)
 """The terminal statuses, in which a dedupe leader settles its aliases."""
 _CANCELLATION_SET: Final = set_clause(CANCELLATION, Sources(now="now()", cancel_reason="$1"))
+_DEPENDENCY_CANCEL_SET: Final = set_clause(
+    DEPENDENCY_CANCELLATION,
+    Sources(now="now()", error="$2", cancel_reason=literal(DEPENDENCY_CANCEL_REASON.value)),
+)
 
 
 @attrs.frozen
@@ -218,8 +224,8 @@ class Statements:
             "WITH input AS MATERIALIZED ("
             " SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[],"
             " $5::bigint[], $6::integer[], $7::timestamptz[], $8::text[], $9::text[],"
-            " $10::text[]) WITH ORDINALITY AS i(id, task_type, app_id, params, priority,"
-            " max_retries, run_at, dedupe_key, parent_id, user_id, ord)),"
+            " $10::text[], $13::integer[]) WITH ORDINALITY AS i(id, task_type, app_id, params,"
+            " priority, max_retries, run_at, dedupe_key, parent_id, user_id, waiting_on, ord)),"
             # The first task of each dedupe scope in this call...
             " keyed AS MATERIALIZED ("
             " SELECT i.ord, i.app_id, i.task_type, i.dedupe_key,"
@@ -240,12 +246,12 @@ class Statements:
             " FOR SHARE OF t) AS l ON true),"
             f" ins AS (INSERT INTO {s}.tasks (id, task_type, status, created_at, run_at,"
             " updated_at, app_id, params, priority, max_retries, dedupe_key, alias_of,"
-            " parent_id, user_id)"
+            " parent_id, user_id, waiting_on)"
             " SELECT i.id, i.task_type, 'pending', now(), coalesce(i.run_at, now()), now(),"
             " i.app_id, i.params::json, i.priority, i.max_retries, i.dedupe_key,"
             " CASE WHEN k.ord IS NULL THEN NULL ELSE coalesce(h.leader_id,"
             " CASE WHEN k.ord = h.head_ord THEN NULL ELSE h.head_id END) END,"
-            " i.parent_id, i.user_id"
+            " i.parent_id, i.user_id, coalesce(i.waiting_on, 0)"
             " FROM input AS i LEFT JOIN keyed AS k ON k.ord = i.ord"
             " LEFT JOIN heads AS h ON h.head_ord = k.head_ord"
             " ORDER BY i.ord RETURNING seq, id, alias_of),"
@@ -285,9 +291,11 @@ class Statements:
             f" FROM done AS d CROSS JOIN LATERAL (SELECT {logged} AS outcome) AS o"
             " ORDER BY d.ord),"
             f" {self._aliases_of('done')},"
+            f" {self._dependents_of('done', 17, 18)},"
             f" {gate('done', 17, [notify(18, 'events'), requeued], also='al')},"
             f" {self._events_of(f'SELECT d.seq, {_FINISH_EVENT}, d.status, d.ord FROM done AS d')}"
-            " SELECT * FROM done"
+            # dp is run by being read, once (an InitPlan), before done's rows are returned.
+            " SELECT * FROM done WHERE (SELECT count(*) FROM dp) >= 0"
         )
         """Finish a batch (16 arrays, then the events lock and the channel prefix): every kind
         in one UPDATE, the execution-log rows, the terminal leaders' aliases, and the
@@ -366,9 +374,10 @@ class Statements:
             f" coalesce(r.lost_started, now()), now(), {_LOST}, {literal(RESCUE_ERROR)}"
             " FROM r ORDER BY r.seq),"
             f" {self._aliases_of('r')},"
+            f" {self._dependents_of('r', 2, 3)},"
             f" {gate('r', 2, [notify(3, 'work'), notify(3, 'events')], also='al')},"
             f" {self._events_of(rescued)}"
-            " SELECT * FROM r ORDER BY seq"
+            " SELECT * FROM r WHERE (SELECT count(*) FROM dp) >= 0 ORDER BY seq"
         )
         """Rescue expired leases (limit, the events lock, the channel prefix): the tasks, their
         LOST execution-log rows, the aliases of those that failed or were cancelled,
@@ -388,7 +397,8 @@ class Statements:
             f"UPDATE {s}.tasks SET status = 'pending', attempts = 0, result = NULL,"
             " error = NULL, cancel_reason = NULL, progress_done = 0, progress_total = NULL,"
             " progress_message = NULL, run_at = now(), updated_at = now(), started_at = NULL,"
-            f" finished_at = NULL WHERE seq = $1 RETURNING {TASK_COLUMNS}"
+            f" finished_at = NULL, waiting_on = (SELECT count(*) FROM {s}.task_dependencies"
+            f" AS e WHERE e.task_id = {s}.tasks.id) WHERE seq = $1 RETURNING {TASK_COLUMNS}"
         )
 
         # -- reading ------------------------------------------------------------------------
@@ -409,8 +419,9 @@ class Statements:
         # -- retention ----------------------------------------------------------------------
         self.cleanup = (
             f"WITH d AS (DELETE FROM {s}.tasks WHERE finished_at < now() - $1 * interval"
-            " '1 second' AND status = ANY($2::text[]) RETURNING seq),"
-            f" a AS (DELETE FROM {s}.attempts WHERE task_seq IN (SELECT seq FROM d))"
+            " '1 second' AND status = ANY($2::text[]) RETURNING seq, id),"
+            f" a AS (DELETE FROM {s}.attempts WHERE task_seq IN (SELECT seq FROM d)),"
+            f" w AS (DELETE FROM {s}.task_dependencies WHERE task_id IN (SELECT id FROM d))"
             " SELECT count(*) FROM d"
         )
 
@@ -463,6 +474,25 @@ class Statements:
         )
         self.suspensions = f"SELECT task_type, app_id FROM {s}.suspensions"
 
+        # -- dependencies -------------------------------------------------------------------
+        self.lock_dependencies = (
+            f"SELECT id, status, app_id FROM {s}.tasks WHERE id = ANY($1::text[]) FOR SHARE"
+        )
+        """The dependencies of an enqueue, share-locked: a dependency finishing meanwhile
+        either committed first (its status is read here) or waits for this enqueue (and
+        its settle_dependents then finds the edges written here)."""
+        self.insert_dependencies = (
+            f"INSERT INTO {s}.task_dependencies (depends_on, task_id, always)"
+            " SELECT * FROM unnest($1::text[], $2::text[], $3::boolean[]) ON CONFLICT DO NOTHING"
+        )
+        self.cancel_for_dependency = (
+            f"UPDATE {s}.tasks SET {_DEPENDENCY_CANCEL_SET}, updated_at = now(),"
+            f" worker_id = NULL, lease_expires_at = NULL WHERE id = $1 RETURNING {TASK_COLUMNS}"
+        )
+        """A new task cancelled at once: a dependency had already ended without completing
+        (parameters: its id, the error)."""
+        self.settle_dependents = f"SELECT {s}.settle_dependents($1::bigint[], $2, $3)"
+
         # -- the event log --------------------------------------------------------------------
         self.read_events = (
             f"SELECT e.seq, e.kind, e.status, e.at, {columns('t')} FROM {s}.events AS e"
@@ -489,6 +519,19 @@ class Statements:
             " WHERE c.dedupe_key IS NOT NULL AND c.alias_of IS NULL"
             f" AND c.status IN ({_TERMINAL}) HAVING count(*) > 0) AS x"
             f" CROSS JOIN LATERAL {self.quoted}.settle_aliases(x.seqs) AS s)"
+        )
+
+    def _dependents_of(self, changed: str, lock: int, channel: int) -> str:
+        """The CTE ``dp``: the dependents of the tasks among the rows of ``changed`` (and
+        the aliases ``al`` settled) settled by the settle_dependents function, which
+        yields the seqs of those it cancelled. Whether any edge exists is for the
+        function to read: its fresh snapshot sees edges an enqueue committed while this
+        statement waited for a dependency's row, this statement's snapshot does not."""
+        return (
+            f"dp AS MATERIALIZED (SELECT {self.quoted}.settle_dependents(x.seqs, ${lock},"
+            f" ${channel}) AS cancelled FROM (SELECT array_agg(y.seq) AS seqs FROM"
+            f" (SELECT c.seq FROM {changed} AS c WHERE c.status IN ({_TERMINAL})"
+            " UNION ALL SELECT al.alias_seq FROM al) AS y HAVING count(*) > 0) AS x)"
         )
 
     def _events_of(self, changed: str) -> str:

@@ -50,10 +50,13 @@ from taskmill.lifecycle import (
     cancel_error,
     cancel_targets,
     check_redrive,
+    dependency_blocks,
+    dependency_error,
     enqueued,
     key_taken,
     settles_aliases,
     split_taken,
+    unknown_dependency,
 )
 from taskmill.model import (
     Attempt,
@@ -474,40 +477,73 @@ class PostgresStorage(TaskStorage):
             return []
         wanted = list(dict.fromkeys(new.id for new in tasks))
         sql = self.sql.enqueue
+        depends = any(new.after for new in tasks)
 
-        async def insert(conn: Conn) -> tuple[list[NewTask], dict[str, Task], Record | None]:
+        async def attempt(conn: Conn, fresh: list[NewTask]) -> tuple[Record, dict[str, Record]]:
+            waiting = [0] * len(fresh)
+            edges: tuple[list[str], list[str], list[bool]] = ([], [], [])
+            blocked: dict[int, str] = {}
+            if depends:
+                blocked = await self._dependencies(conn, fresh, waiting, edges)
+            row = await conn.fetchrow(sql, *self._enqueue_args(fresh, waiting))
+            assert row is not None  # an aggregate: always one row
+            if edges[0]:
+                await conn.execute(self.sql.insert_dependencies, *edges)
+            cancelled: dict[str, Record] = {}
+            if blocked:
+                events = _Events()
+                for index, error in blocked.items():
+                    found = await conn.fetchrow(
+                        self.sql.cancel_for_dependency, fresh[index].id, error
+                    )
+                    assert found is not None  # inserted just now
+                    cancelled[fresh[index].id] = found
+                    events.add(found[rows.SEQ], _CANCELLED, "cancelled")
+                await self._append_events(conn, events)
+            return row, cancelled
+
+        async def insert(
+            conn: Conn,
+        ) -> tuple[list[NewTask], dict[str, Task], Record | None, dict[str, Record]]:
             for _ in range(_ATTEMPTS):
                 found = await conn.fetch(self.sql.by_ids, wanted)
                 fresh, known = split_taken(tasks, {r["id"]: rows.task(r) for r in found})
                 if not fresh:
-                    return fresh, known, None
+                    return fresh, known, None, {}
                 try:
-                    row = await conn.fetchrow(sql, *self._enqueue_args(fresh))
+                    if depends:
+                        async with conn.transaction():  # a savepoint, for the retry
+                            row, cancelled = await attempt(conn, fresh)
+                    else:
+                        row, cancelled = await attempt(conn, fresh)
                 except asyncpg.exceptions.UniqueViolationError as exc:
                     if exc.constraint_name in ("tasks_dedupe_leader", "tasks_id_key"):
                         # a leader or one of these ids committed meanwhile: run again,
                         # as its alias or returning that task
                         continue
                     raise
-                assert row is not None  # an aggregate: always one row
-                return fresh, known, row
+                return fresh, known, row, cancelled
             raise StorageUnavailable(
                 f"enqueueing on {self.where} kept racing concurrent enqueues of the same"
                 " dedupe keys or task ids"
             )
 
-        fresh, known, row = await self._run(insert)
+        fresh, known, row, cancelled = await self._run(insert, transaction=depends)
         if row is not None:
             now: datetime = row[0]
             leaders = dict(zip(row[1] or (), row[2] or (), strict=True))
             for new in fresh:
+                if new.id in cancelled:
+                    known[new.id] = rows.task(cancelled[new.id])
+                    continue
                 run_at = now if new.run_at is None else new.run_at.astimezone(UTC)
                 known[new.id] = enqueued(new, now=now, run_at=run_at, alias_of=leaders.get(new.id))
         return [known[new.id] for new in tasks]
 
-    def _enqueue_args(self, tasks: Sequence[NewTask]) -> tuple[object, ...]:
-        """The arguments of the enqueue statement for ``tasks``: ten arrays, then the
-        events lock and the channel prefix."""
+    def _enqueue_args(self, tasks: Sequence[NewTask], waiting: list[int]) -> tuple[object, ...]:
+        """The arguments of the enqueue statement for ``tasks``: ten arrays, the events
+        lock and the channel prefix, then each task's count of unfinished dependencies
+        (``waiting``)."""
         ids: list[str] = []
         types: list[str] = []
         apps: list[str | None] = []
@@ -531,8 +567,42 @@ class PostgresStorage(TaskStorage):
             users.append(new.user_id)
         return (
             ids, types, apps, params, priorities, retries, run_ats, keys, parents, users,
-            self._events_lock, self.channel,
+            self._events_lock, self.channel, waiting,
         )  # fmt: skip
+
+    async def _dependencies(
+        self,
+        conn: Conn,
+        tasks: Sequence[NewTask],
+        waiting: list[int],
+        edges: tuple[list[str], list[str], list[bool]],
+    ) -> dict[int, str]:
+        """Read (share-locked) and check the dependencies of ``tasks``; fill in each
+        task's count of unfinished ones (``waiting``) and the edges to write.
+
+        :returns: by task index, the error of the tasks to cancel at once (a dependency
+            already ended without completing).
+        :raises InvalidTaskSpec: a dependency is missing or another app's.
+        """
+        wanted = list(dict.fromkeys(d for new in tasks for d in new.after))
+        found = {r[0]: (r[1], r[2]) for r in await conn.fetch(self.sql.lock_dependencies, wanted)}
+        blocked: dict[int, str] = {}
+        for index, new in enumerate(tasks):
+            for dependency in new.after:
+                if dependency not in found:
+                    raise unknown_dependency(dependency, new.app_id, None)
+                status, app_id = found[dependency]
+                if app_id != new.app_id:
+                    raise unknown_dependency(dependency, new.app_id, app_id)
+                blocks = dependency_blocks(rows.STATUS[status], new.after_always)
+                if blocks is None:
+                    waiting[index] += 1
+                    edges[0].append(dependency)
+                    edges[1].append(new.id)
+                    edges[2].append(new.after_always)
+                elif blocks and index not in blocked:
+                    blocked[index] = dependency_error(dependency, rows.STATUS[status])
+        return blocked
 
     async def claim_batch(self, request: ClaimRequest) -> list[Task]:
         """Claim up to ``request.limit`` due PENDING leaders with one statement, which
@@ -741,13 +811,18 @@ class PostgresStorage(TaskStorage):
     async def summary(self, filter: TaskFilter) -> ProgressSummary:
         """Counts by status from one ``GROUP BY status`` query; no task is loaded."""
         where, args = filter_sql(filter)
-        sql = f"SELECT status, count(*) FROM {self.sql.quoted}.tasks WHERE {where} GROUP BY status"
+        sql = (
+            "SELECT status, count(*), count(*) FILTER (WHERE waiting_on > 0)"
+            f" FROM {self.sql.quoted}.tasks WHERE {where} GROUP BY status"
+        )
 
         async def summarize(conn: Conn) -> list[Record]:
             return list(await conn.fetch(sql, *args))
 
-        counts = {r[0]: r[1] for r in await self._run(summarize)}
-        return ProgressSummary.from_counts(counts)
+        found = await self._run(summarize)
+        counts = {r[0]: r[1] for r in found}
+        waiting = sum(r[2] for r in found if r[0] == "pending")
+        return ProgressSummary.from_counts(counts, waiting=waiting)
 
     async def attempts(self, task_id: str) -> list[Attempt]:
         """The execution log of one task in insertion order (empty for an unknown id)."""
@@ -908,6 +983,17 @@ class PostgresStorage(TaskStorage):
                 done.add(alias[rows.ID])
                 changed.append(alias)
                 events.add(alias[rows.SEQ], _CANCELLED, "cancelled")
+        if changed:
+            seqs = await conn.fetchval(
+                self.sql.settle_dependents,
+                [r[rows.SEQ] for r in changed],
+                self._events_lock,
+                self.channel,
+            )
+            if seqs:
+                changed += sorted(
+                    await conn.fetch(self.sql.by_seq, list(seqs)), key=lambda r: r[rows.SEQ]
+                )
         running = [r for r in active if r["status"] == "running"]
         if running:
             await conn.execute(

@@ -28,15 +28,21 @@ from taskmill.errors import InvalidURL, StorageUnavailable, TaskNotFound
 from taskmill.lifecycle import (
     CANCELLATION,
     DEFAULT_CANCEL_REASON,
+    DEPENDENCY_CANCEL_REASON,
+    DEPENDENCY_CANCELLATION,
     FINISHES,
     REDRIVE_EVENT,
     RESCUE_ERROR,
     RESCUES,
     TERMINAL_EVENTS,
+    DependentOutcome,
     TransitionPlan,
     cancel_error,
     cancel_targets,
     check_redrive,
+    dependency_blocks,
+    dependency_error,
+    dependency_settles,
     enqueued,
     finish_kind,
     key_taken,
@@ -45,6 +51,7 @@ from taskmill.lifecycle import (
     settle_alias,
     settles_aliases,
     split_taken,
+    unknown_dependency,
 )
 from taskmill.migrations import run_sync
 from taskmill.model import (
@@ -83,6 +90,7 @@ CANCELLED_OUTCOME = CANCELLATION.outcome
 _FINISH_PLANS = {kind: plan(t) for kind, t in FINISHES.items()}
 _RESCUE_PLANS = {case: plan(t) for case, t in RESCUES.items()}
 _CANCEL_PLAN = plan(CANCELLATION)
+_DEPENDENCY_CANCEL_PLAN = plan(DEPENDENCY_CANCELLATION)
 _NO_RESULT = (None, "null")  # most handlers return None: skip parsing it
 QueueKey = tuple[str | None, str]
 _ReadyEntry = tuple[int, int, str]  # (-priority, seq, task id)
@@ -121,6 +129,13 @@ class MemoryStorage(TaskStorage):
         self._events: list[tuple[int, str, str, str, float]] = []
         self._event_seq = 0
         self._registrations: dict[HandlerKey, HandlerRegistration] = {}
+        # Dependencies: per task, how many of its dependencies have not ended (absent:
+        # none), and per dependency its unresolved edges (dependent id, after_always).
+        self._waiting: dict[str, int] = {}
+        self._dependents: dict[str, list[tuple[str, bool]]] = {}
+        # Dependents cancelled by their dependency during the current operation: cancel()
+        # returns them among the tasks it changed; every other operation drops them.
+        self._cancelled_by_dependency: list[Task] = []
 
     def _emit(self, kind: EventKind, task: Task, at: float) -> None:
         self._event_seq += 1
@@ -183,6 +198,13 @@ class MemoryStorage(TaskStorage):
             tasks, {t.id: self._tasks[t.id] for t in tasks if t.id in self._tasks}
         )
         for new in fresh:
+            for dependency in new.after:
+                found = self._tasks.get(dependency)
+                if found is None or found.app_id != new.app_id:
+                    raise unknown_dependency(
+                        dependency, new.app_id, None if found is None else found.app_id
+                    )
+        for new in fresh:
             alias_of = None
             if new.dedupe_key is not None:
                 scope = (new.app_id, new.task_type, new.dedupe_key)
@@ -193,14 +215,79 @@ class MemoryStorage(TaskStorage):
             self._tasks[task.id] = task
             self._seq[task.id] = self._next_seq
             self._next_seq += 1
+            blocker = self._wait_for(new) if new.after else None
             if alias_of is None:
-                self._queue(task, now_ts)
+                if blocker is None and not self._waiting.get(task.id):
+                    self._queue(task, now_ts)
             else:
                 self._aliases.setdefault(alias_of, []).append(task.id)
             if task.parent_id is not None:
                 self._children.setdefault(task.parent_id, []).append(task.id)
             self._emit(EventKind.ENQUEUED, task, now_ts)
+            if blocker is not None:
+                self._cancel_for(task, blocker, now_ts)
+        self._cancelled_by_dependency.clear()
         return [known.get(new.id) or self._tasks[new.id] for new in tasks]
+
+    def _wait_for(self, new: NewTask) -> Task | None:
+        """Record the edges of ``new`` to its unfinished dependencies; the first one
+        already ended in a way that cancels ``new`` (None when none did)."""
+        blocker: Task | None = None
+        for dependency in new.after:
+            found = self._tasks[dependency]
+            blocks = dependency_blocks(found.status, new.after_always)
+            if blocks is None:
+                self._dependents.setdefault(dependency, []).append((new.id, new.after_always))
+                self._waiting[new.id] = self._waiting.get(new.id, 0) + 1
+            elif blocks and blocker is None:
+                blocker = found
+        return blocker
+
+    def _cancel_for(self, task: Task, dependency: Task, now_ts: float) -> Task:
+        """``task`` cancelled because ``dependency`` ended without completing."""
+        task = _DEPENDENCY_CANCEL_PLAN.apply(
+            task,
+            from_timestamp(now_ts),
+            error=dependency_error(dependency.id, dependency.status),
+            cancel_reason=DEPENDENCY_CANCEL_REASON,
+        )
+        self._tasks[task.id] = task
+        self._emit(DEPENDENCY_CANCELLATION.event, task, now_ts)
+        self._cancelled_by_dependency.append(task)
+        self._resolve([task], now_ts)
+        return task
+
+    def _resolve(self, ended: list[Task], now_ts: float) -> None:
+        """Settle the dependents of the tasks that just ended (and, breadth first, of
+        the dependents that cancels)."""
+        work = list(ended)
+        while work:
+            dependency = work.pop()
+            for dependent_id, always in self._dependents.pop(dependency.id, ()):
+                left = self._waiting.get(dependent_id, 1) - 1
+                if left:
+                    self._waiting[dependent_id] = left
+                else:
+                    self._waiting.pop(dependent_id, None)
+                dependent = self._tasks.get(dependent_id)
+                if dependent is None:
+                    continue
+                blocks = bool(dependency_blocks(dependency.status, always))
+                outcome = dependency_settles(dependent.status, left, blocks=blocks)
+                if outcome is DependentOutcome.RELEASED:
+                    self._emit(EventKind.RELEASED, dependent, now_ts)
+                    self._queue(dependent, now_ts)
+                elif outcome is DependentOutcome.CANCELLED:
+                    dependent = _DEPENDENCY_CANCEL_PLAN.apply(
+                        dependent,
+                        from_timestamp(now_ts),
+                        error=dependency_error(dependency.id, dependency.status),
+                        cancel_reason=DEPENDENCY_CANCEL_REASON,
+                    )
+                    self._tasks[dependent_id] = dependent
+                    self._emit(DEPENDENCY_CANCELLATION.event, dependent, now_ts)
+                    self._cancelled_by_dependency.append(dependent)
+                    work.append(dependent)
 
     async def claim_batch(self, request: ClaimRequest) -> list[Task]:
         self._check_open()
@@ -298,7 +385,9 @@ class MemoryStorage(TaskStorage):
         self._emit(plan.transition.event, task, now_ts)
         if plan.requeues:
             self._queue(task, now_ts)
-        elif task.dedupe_key is not None:
+            return task
+        ended = [task]
+        if task.dedupe_key is not None:
             scope = (task.app_id, task.task_type, task.dedupe_key)
             if self._leaders.get(scope) == task.id:
                 del self._leaders[scope]
@@ -309,6 +398,9 @@ class MemoryStorage(TaskStorage):
                     if alias is not None and alias.status is _PENDING:
                         alias = self._tasks[alias_id] = settle_alias(alias, task, now)
                         self._emit(kind, alias, now_ts)
+                        ended.append(alias)
+        if self._dependents:
+            self._resolve(ended, now_ts)
         return task
 
     async def finish_batch(self, finishes: Sequence[Finish]) -> list[Task | None]:
@@ -355,6 +447,7 @@ class MemoryStorage(TaskStorage):
                 )
             )
             results.append(task)
+        self._cancelled_by_dependency.clear()  # cancel() alone reports them
         return results
 
     async def renew_leases(
@@ -419,6 +512,7 @@ class MemoryStorage(TaskStorage):
                 )
             )
             rescued.append(task)
+        self._cancelled_by_dependency.clear()
         return rescued
 
     async def retry(self, task_id: str) -> Task:
@@ -447,7 +541,8 @@ class MemoryStorage(TaskStorage):
             finished_at=None,
         )
         self._tasks[task_id] = task
-        self._queue(task, now_ts)
+        if not self._waiting.get(task_id):
+            self._queue(task, now_ts)
         self._emit(REDRIVE_EVENT, task, now_ts)
         return task
 
@@ -485,9 +580,12 @@ class MemoryStorage(TaskStorage):
     async def summary(self, filter: TaskFilter) -> ProgressSummary:
         self._check_open()
         counts = dict.fromkeys(TaskStatus, 0)
+        waiting = 0
         for task in self._select(filter):
             counts[task.status] += 1
-        return ProgressSummary.from_counts(counts)
+            if task.status is _PENDING and task.id in self._waiting:
+                waiting += 1
+        return ProgressSummary.from_counts(counts, waiting=waiting)
 
     async def attempts(self, task_id: str) -> list[Attempt]:
         self._check_open()
@@ -502,6 +600,8 @@ class MemoryStorage(TaskStorage):
         best: datetime | None = None
         for task in self._tasks.values():
             if task.status is not _PENDING or task.alias_of is not None:
+                continue
+            if task.id in self._waiting:
                 continue
             if any(scope.covers(task.app_id, task.task_type) for scope in self._suspended):
                 continue
@@ -529,6 +629,7 @@ class MemoryStorage(TaskStorage):
             del self._seq[task_id]
             self._log.pop(task_id, None)
             self._children.pop(task_id, None)
+            self._waiting.pop(task_id, None)
         return len(doomed)
 
     # -- control ---------------------------------------------------------------------
@@ -556,6 +657,7 @@ class MemoryStorage(TaskStorage):
         targets = run_sync(cancel_targets(selected, children_of if cascade else None))
         settled: set[str] = set()  # aliases their leader cancelled in this call
         changed: list[Task] = []
+        self._cancelled_by_dependency.clear()
         for task_id in targets:
             task = self._tasks.get(task_id)
             if task is None or task.status.terminal or task_id in settled:
@@ -588,6 +690,8 @@ class MemoryStorage(TaskStorage):
             for alias_id in following:
                 settled.add(alias_id)
                 changed.append(self._tasks[alias_id])
+            changed += self._cancelled_by_dependency
+            self._cancelled_by_dependency.clear()
         return changed
 
     async def watch_leases(self, leases: Sequence[Lease]) -> dict[str, CancelReason | None]:

@@ -19,6 +19,7 @@ empty store::
 It then runs every test of every topic module: :mod:`~taskmill.testing.tasks`,
 :mod:`~taskmill.testing.task_ids`, :mod:`~taskmill.testing.claims`, :mod:`~taskmill.testing.finish`,
 :mod:`~taskmill.testing.leases`, :mod:`~taskmill.testing.dedupe`,
+:mod:`~taskmill.testing.dependencies`,
 :mod:`~taskmill.testing.control`, :mod:`~taskmill.testing.events`,
 :mod:`~taskmill.testing.migrations`, :mod:`~taskmill.testing.concurrency`,
 :mod:`~taskmill.testing.reference` and :mod:`~taskmill.testing.registrations`.
@@ -47,6 +48,7 @@ from taskmill.testing.claims import ClaimContract
 from taskmill.testing.concurrency import ConcurrencyContract
 from taskmill.testing.control import ControlContract
 from taskmill.testing.dedupe import DedupeContract
+from taskmill.testing.dependencies import DependencyContract
 from taskmill.testing.events import EventContract
 from taskmill.testing.finish import FinishContract
 from taskmill.testing.fixtures import StorageFactory, StoreFixtures
@@ -82,6 +84,7 @@ class StorageContract(
     FinishContract,
     LeaseContract,
     DedupeContract,
+    DependencyContract,
     ControlContract,
     EventContract,
     MigrationContract,

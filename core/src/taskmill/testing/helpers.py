@@ -29,6 +29,8 @@ def new_task(
     dedupe_key: str | None = None,
     parent_id: str | None = None,
     user_id: str | None = None,
+    after: tuple[str, ...] = (),
+    after_always: bool = False,
 ) -> NewTask:
     """A ``NewTask`` with a fresh id, for tests."""
     params = params or {}
@@ -44,6 +46,8 @@ def new_task(
         dedupe_key=dedupe_key,
         parent_id=parent_id,
         user_id=user_id,
+        after=after,
+        after_always=after_always,
     )
 
 

@@ -44,21 +44,27 @@ from taskmill.errors import TaskNotFound
 from taskmill.lifecycle import (
     CANCELLATION,
     DEFAULT_CANCEL_REASON,
+    DEPENDENCY_CANCELLATION,
     FINISHES,
     REDRIVE_EVENT,
     RELEASED_ON_STOP,
     RESCUE_ERROR,
     RESCUES,
     TERMINAL_EVENTS,
+    DependentOutcome,
     Transition,
     cancel_error,
     cancel_targets,
     check_redrive,
+    dependency_blocks,
+    dependency_error,
+    dependency_settles,
     enqueued,
     finish_kind,
     key_taken,
     rescue_case,
     split_taken,
+    unknown_dependency,
 )
 from taskmill.migrations import run_sync
 from taskmill.model import (
@@ -90,6 +96,9 @@ T = TypeVar("T")
 _TERMINAL_EVENT: Final = {s.value: e.value for s, e in TERMINAL_EVENTS.items()}
 """The event of a leader or alias reaching each terminal status (by stored value)."""
 _REQUEUED: Final = EventKind.REQUEUED.value
+_RELEASED: Final = EventKind.RELEASED.value
+_TERMINAL: Final = frozenset(_TERMINAL_EVENT)
+assert DEPENDENCY_CANCELLATION.event.value == CANCELLATION.event.value
 _STARTED: Final = EventKind.STARTED.value
 _CANCEL_REQUESTED: Final = EventKind.CANCEL_REQUESTED.value
 _CANCELLED_EVENT: Final = CANCELLATION.event.value
@@ -154,13 +163,45 @@ def _taken_ids(conn: sqlite3.Connection, tasks: Sequence[NewTask]) -> dict[str, 
     return found
 
 
+def _dependencies(
+    conn: sqlite3.Connection, tasks: Sequence[NewTask]
+) -> dict[str, tuple[str, str | None]]:
+    """The (status, app id) of every task ``tasks`` depend on; refuses a dependency
+    that does not exist or is another app's (before anything is written)."""
+    wanted = list(dict.fromkeys(d for new in tasks for d in new.after))
+    found: dict[str, tuple[str, str | None]] = {}
+    for chunk in _chunks(wanted):
+        for task_id, status, app_id in conn.execute(sql.dependencies_sql(len(chunk)), chunk):
+            found[task_id] = (status, app_id)
+    for new in tasks:
+        for dependency in new.after:
+            if dependency not in found:
+                raise unknown_dependency(dependency, new.app_id, None)
+            if found[dependency][1] != new.app_id:
+                raise unknown_dependency(dependency, new.app_id, found[dependency][1])
+    return found
+
+
 def enqueue(conn: sqlite3.Connection, tasks: Sequence[NewTask]) -> list[Task]:
     now = now_us()
     now_dt = as_datetime(now)
     leaders: dict[tuple[str | None, str, str], str] = {}
     rows: list[Row] = []
     fresh, known = split_taken(tasks, _taken_ids(conn, tasks))
+    depends = any(new.after for new in fresh)
+    statuses = _dependencies(conn, fresh) if depends else {}
+    edges: list[Row] = []
+    blocked: dict[str, tuple[str, str]] = {}  # task id -> the dependency that cancels it
     for new in fresh:
+        waiting = 0
+        for dependency in new.after:
+            status = statuses[dependency][0]
+            blocks = dependency_blocks(STATUS[status], new.after_always)
+            if blocks is None:
+                waiting += 1
+                edges.append((dependency, new.id, int(new.after_always)))
+            elif blocks and new.id not in blocked:
+                blocked[new.id] = (dependency, status)
         alias_of: str | None = None
         key = new.dedupe_key
         if key is not None:
@@ -183,6 +224,7 @@ def enqueue(conn: sqlite3.Connection, tasks: Sequence[NewTask]) -> list[Task]:
             (
                 new.id, new.task_type, now, run_at, now, new.app_id, new.params_json,
                 priority, new.max_retries, key, alias_of, new.parent_id, new.user_id,
+                waiting,
             )
         )  # fmt: skip
         known[new.id] = enqueued(new, now=now_dt, run_at=run_at_dt, alias_of=alias_of)
@@ -190,7 +232,55 @@ def enqueue(conn: sqlite3.Connection, tasks: Sequence[NewTask]) -> list[Task]:
         last = conn.execute(sql.LAST_TASK_SEQ).fetchone()[0]
         conn.executemany(sql.INSERT, rows)
         conn.execute(sql.ENQUEUE_EVENTS, (now, last))
+    if edges:
+        conn.executemany(sql.INSERT_DEPENDENCY, edges)
+    if blocked:
+        events: list[Row] = []
+        for task_id, (dependency, status) in blocked.items():
+            error = dependency_error(dependency, STATUS[status])
+            row = conn.execute(sql.DEPENDENCY_CANCEL, (now, error, task_id)).fetchone()
+            events.append((row[SEQ], row[ID], _CANCELLED_EVENT, "cancelled", now))
+            known[task_id] = task(row)
+        ended = [(task_id, "cancelled") for task_id in blocked]
+        settle_dependents(conn, ended, now, events)
+        insert_events(conn, events)
     return [known[new.id] for new in tasks]
+
+
+def settle_dependents(
+    conn: sqlite3.Connection, ended: list[tuple[str, str]], now: int, events: list[Row]
+) -> list[Row]:
+    """Settle the dependents of the tasks that just ended, given as (id, stored status),
+    as :func:`taskmill.lifecycle.dependency_settles` says, and in turn those of the
+    dependents that cancels; append the events to ``events``.
+
+    :returns: the rows of the dependents cancelled.
+    """
+    cancelled: list[Row] = []
+    level = ended
+    while level:
+        status_of = dict(level)
+        edges: list[Row] = []
+        for chunk in _chunks(list(status_of)):
+            edges += conn.execute(sql.resolve_edges_sql(len(chunk)), chunk).fetchall()
+        level = []
+        for dependency, dependent_id, always in edges:
+            found = conn.execute(sql.COUNT_DOWN, (dependent_id,)).fetchone()
+            if found is None:
+                continue  # deleted by cleanup
+            seq, status, left = found
+            ended_as = STATUS[status_of[dependency]]
+            blocks = bool(dependency_blocks(ended_as, bool(always)))
+            outcome = dependency_settles(STATUS[status], left, blocks=blocks)
+            if outcome is DependentOutcome.RELEASED:
+                events.append((seq, dependent_id, _RELEASED, "pending", now))
+            elif outcome is DependentOutcome.CANCELLED:
+                error = dependency_error(dependency, ended_as)
+                row = conn.execute(sql.DEPENDENCY_CANCEL, (now, error, dependent_id)).fetchone()
+                events.append((seq, dependent_id, _CANCELLED_EVENT, "cancelled", now))
+                cancelled.append(row)
+                level.append((dependent_id, "cancelled"))
+    return cancelled
 
 
 def claim(conn: sqlite3.Connection, request: ClaimRequest) -> list[Task]:
@@ -277,6 +367,7 @@ def finish(conn: sqlite3.Connection, finishes: Sequence[Finish]) -> list[Task | 
     results: list[Task | None] = [None] * len(finishes)
     log: list[Row] = []
     events: list[Row] = []
+    ended: list[tuple[str, str]] = []
     # Rounds of finishes with distinct task ids, so that a task named twice in one call
     # is finished in call order (the second finds its lease gone, as if sequential).
     rounds: list[list[int]] = []
@@ -317,8 +408,11 @@ def finish(conn: sqlite3.Connection, finishes: Sequence[Finish]) -> list[Task | 
                 continue
             row, outcome, kind_event = applied[index]
             events.append((row[SEQ], row[ID], kind_event, row[STATUS_COL], now))
+            if row[STATUS_COL] in _TERMINAL:
+                ended.append((row[ID], row[STATUS_COL]))
             if leads_aliases(row):
-                _settle_aliases(conn, row, now, events)
+                for alias in _settle_aliases(conn, row, now, events):
+                    ended.append((alias[ID], alias[STATUS_COL]))
             finish = finishes[index]
             lease = finish.lease
             log.append(
@@ -329,6 +423,8 @@ def finish(conn: sqlite3.Connection, finishes: Sequence[Finish]) -> list[Task | 
                 )
             )  # fmt: skip
             results[index] = task(row)
+    if ended:
+        settle_dependents(conn, ended, now, events)
     if log:
         conn.executemany(sql.INSERT_ATTEMPT, log)
         insert_events(conn, events)
@@ -378,14 +474,18 @@ def rescue(conn: sqlite3.Connection, limit: int) -> list[Task]:
     rescued: list[Task] = []
     log: list[Row] = []
     events: list[Row] = []
+    ended: list[tuple[str, str]] = []
     for seq, task_id, worker_id, attempts, max_retries, started_at, reason in expired:
         case = rescue_case(None if reason is None else REASON[reason], attempts, max_retries)
         transition = RESCUES[case]
         row = conn.execute(sql.RESCUE[case], (now, task_id)).fetchone()
         status = row[STATUS_COL]
         events.append((seq, task_id, transition.event.value, status, now))
+        if status in _TERMINAL:
+            ended.append((task_id, status))
         if leads_aliases(row):
-            _settle_aliases(conn, row, now, events)
+            for alias in _settle_aliases(conn, row, now, events):
+                ended.append((alias[ID], alias[STATUS_COL]))
         log.append(
             (
                 seq, task_id, attempts, worker_id or "",
@@ -394,6 +494,8 @@ def rescue(conn: sqlite3.Connection, limit: int) -> list[Task]:
             )
         )  # fmt: skip
         rescued.append(task(row))
+    if ended:
+        settle_dependents(conn, ended, now, events)
     if log:
         conn.executemany(sql.INSERT_ATTEMPT, log)
         insert_events(conn, events)
@@ -440,12 +542,16 @@ def query(
 
 def summary(conn: sqlite3.Connection, filter: TaskFilter) -> ProgressSummary:
     selected = sql.filter_sql(filter)
-    counts = dict(
-        conn.execute(
-            f"SELECT status, count(*) FROM tasks{selected.where} GROUP BY status", selected.args
-        )
-    )
-    return ProgressSummary.from_counts(counts)
+    counts: dict[str, int] = {}
+    waiting = 0
+    for status, count, blocked in conn.execute(
+        f"SELECT status, count(*), sum(waiting_on > 0) FROM tasks{selected.where} GROUP BY status",
+        selected.args,
+    ):
+        counts[status] = count
+        if status == "pending":
+            waiting = blocked or 0
+    return ProgressSummary.from_counts(counts, waiting=waiting)
 
 
 def attempts(conn: sqlite3.Connection, task_id: str) -> list[Attempt]:
@@ -476,6 +582,10 @@ def cleanup(conn: sqlite3.Connection, args: tuple[timedelta, frozenset[TaskStatu
     params = [cutoff, *(s.value for s in statuses)]
     conn.execute(
         f"DELETE FROM attempts WHERE task_seq IN (SELECT seq FROM tasks WHERE {where})", params
+    )
+    conn.execute(
+        f"DELETE FROM task_dependencies WHERE task_id IN (SELECT id FROM tasks WHERE {where})",
+        params,
     )
     return conn.execute(f"DELETE FROM tasks WHERE {where}", params).rowcount
 
@@ -579,6 +689,8 @@ def cancel(
     ]  # fmt: skip
     if log:
         conn.executemany(sql.INSERT_ATTEMPT, log)
+    if changed:
+        changed += settle_dependents(conn, [(r[ID], r[STATUS_COL]) for r in changed], now, events)
     if events:
         insert_events(conn, events)
     return [task(r) for r in changed]

@@ -14,9 +14,10 @@ mode (``isolation_level=None``); the storage calls them on its database thread.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from functools import cache
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -162,8 +163,16 @@ class SQLiteTarget:
         """Nothing to prepare: a SQLite file is its own schema."""
 
     async def apply(self, migration: Migration) -> None:
-        """Run the file's statements in order."""
+        """Run the file's statements in order.
+
+        SQLite has no ``ADD COLUMN IF NOT EXISTS``: an ``ALTER TABLE t ADD COLUMN c``
+        whose column ``t`` already has is skipped, so that a file re-run on a database
+        whose recorded version was lost stays harmless, as the ``IF NOT EXISTS``
+        clauses make the rest of it."""
         for statement in statements(migration):
+            added = _ADD_COLUMN.match(statement)
+            if added is not None and added["column"] in _columns(self.conn, added["table"]):
+                continue
             self.conn.execute(statement)
 
     async def record(self, version: int) -> None:
@@ -173,6 +182,16 @@ class SQLiteTarget:
             "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
             (VERSION_KEY, str(version)),
         )
+
+
+_ADD_COLUMN: Final = re.compile(
+    r"(?:\s*--[^\n]*\n)*\s*ALTER\s+TABLE\s+(?P<table>\w+)\s+ADD\s+COLUMN\s+(?P<column>\w+)",
+    re.IGNORECASE,
+)
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    return {row[0] for row in conn.execute("SELECT name FROM pragma_table_info(?)", (table,))}
 
 
 def runner(path: str) -> MigrationRunner:

@@ -19,6 +19,8 @@ from taskmill.backends.sqlite.rows import TASK_COLUMNS, as_micros
 from taskmill.lifecycle import (
     ALIAS_FIELDS,
     CANCELLATION,
+    DEPENDENCY_CANCEL_REASON,
+    DEPENDENCY_CANCELLATION,
     FINISHES,
     RELEASED_ON_STOP,
     RESCUE_ERROR,
@@ -53,8 +55,8 @@ def filter_sql(f: TaskFilter) -> SQLFilter:
 
 INSERT: Final = (
     "INSERT INTO tasks (id, task_type, status, created_at, run_at, updated_at, app_id, "
-    "params, priority, max_retries, dedupe_key, alias_of, parent_id, user_id) "
-    "VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "params, priority, max_retries, dedupe_key, alias_of, parent_id, user_id, waiting_on) "
+    "VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 FIND_LEADER: Final = (
     "SELECT id FROM tasks WHERE ifnull(app_id, x'') = ? AND task_type = ? "
@@ -80,7 +82,9 @@ ATTEMPTS: Final = (
     "FROM attempts WHERE task_seq = (SELECT seq FROM tasks WHERE id = ?1) "
     "AND task_id = ?1 ORDER BY id"
 )
-CLAIMABLE: Final = "status = 'pending' AND alias_of IS NULL"
+CLAIMABLE: Final = "status = 'pending' AND alias_of IS NULL AND waiting_on = 0"
+"""A claimable task: a PENDING leader that waits for no dependency (the claim index's
+predicate, plus ``waiting_on = 0``, which only narrows it)."""
 LEASE_CLEARED: Final = "worker_id = NULL, lease_expires_at = NULL"
 
 # -- finishing -------------------------------------------------------------------------
@@ -382,4 +386,36 @@ def request_stop_sql(n: int) -> str:
         "UPDATE tasks SET cancel_reason = ?, updated_at = ? "
         f"WHERE id IN ({marks(n)}) AND status = 'running' AND cancel_reason IS NULL "
         f"RETURNING {TASK_COLUMNS}"
+    )
+
+
+# -- dependencies (docs/dependencies.md) -------------------------------------------------
+
+INSERT_DEPENDENCY: Final = (
+    "INSERT OR IGNORE INTO task_dependencies (depends_on, task_id, always) VALUES (?, ?, ?)"
+)
+COUNT_DOWN: Final = (
+    "UPDATE tasks SET waiting_on = waiting_on - 1 WHERE id = ? RETURNING seq, status, waiting_on"
+)
+"""One of a dependent's dependencies ended (parameter: the dependent's id)."""
+_DEPENDENCY_SOURCES: Final = Sources(
+    now="?1", error="?2", cancel_reason=literal(DEPENDENCY_CANCEL_REASON.value)
+)
+DEPENDENCY_CANCEL: Final = (
+    f"UPDATE tasks SET {set_clause(DEPENDENCY_CANCELLATION, _DEPENDENCY_SOURCES)}, "
+    f"updated_at = ?1, {LEASE_CLEARED} WHERE id = ?3 RETURNING {TASK_COLUMNS}"
+)
+"""A waiting task cancelled by its dependency (parameters: now, the error, its id)."""
+
+
+def dependencies_sql(n: int) -> str:
+    """The status and app of ``n`` named tasks (a dependent's dependencies)."""
+    return f"SELECT id, status, app_id FROM tasks WHERE id IN ({marks(n)})"
+
+
+def resolve_edges_sql(n: int) -> str:
+    """Delete (and return) the unresolved edges to ``n`` tasks that just ended."""
+    return (
+        f"DELETE FROM task_dependencies WHERE depends_on IN ({marks(n)}) "
+        "RETURNING depends_on, task_id, always"
     )
