@@ -27,6 +27,7 @@ from taskmill.errors import (
     WaitTimeout,
 )
 from taskmill.hookspecs import hookimpl
+from taskmill.limits import InvalidLimit
 from taskmill.model import (
     Attempt,
     AttemptOutcome,
@@ -70,6 +71,7 @@ __all__ = [
     "HandlerRegistry",
     "InvalidCursor",
     "InvalidHandler",
+    "InvalidLimit",
     "InvalidParams",
     "InvalidTaskSpec",
     "InvalidTransition",
