@@ -43,15 +43,6 @@ from taskmill.backends.sqlite.rows import (
 )
 from taskmill.cursors import position_token, token_position
 from taskmill.errors import TaskNotFound
-from taskmill.limits import (
-    Bucket,
-    limited_caps,
-    locked_keys,
-    refill,
-    scope_of,
-    spend,
-    taken_by_key,
-)
 from taskmill.lifecycle import (
     CANCELLATION,
     DEFAULT_CANCEL_REASON,
@@ -69,6 +60,15 @@ from taskmill.lifecycle import (
     finish_kind,
     key_taken,
     rescue_case,
+)
+from taskmill.limits import (
+    Bucket,
+    limited_caps,
+    locked_keys,
+    refill,
+    scope_of,
+    spend,
+    taken_by_key,
 )
 from taskmill.migrations import run_sync
 from taskmill.model import (
