@@ -59,12 +59,13 @@ async def apply_limits(s: Session, request: ClaimRequest, at: datetime) -> Limit
     now = 0.0
     if keys:
         pairs = [(scope_of(k), k[1]) for k in keys]
-        await s.executemany(_CREATE, pairs)
         marks = ", ".join(["(%s, %s)"] * len(pairs))
-        found = {
-            (r[0], r[1]): r
-            for r in await s.fetchall(_LOCK.format(marks), [v for p in pairs for v in p])
-        }
+        lock = _LOCK.format(marks)
+        flat = [v for p in pairs for v in p]
+        found = {(r[0], r[1]): r for r in await s.fetchall(lock, flat)}
+        if len(found) < len(keys):  # a key's first claim: create its bucket, lock again
+            await s.executemany(_CREATE, pairs)
+            found = {(r[0], r[1]): r for r in await s.fetchall(lock, flat)}
         for key, pair in zip(keys, pairs, strict=True):
             row = found[pair]
             now = float(row[4])

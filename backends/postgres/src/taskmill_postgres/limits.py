@@ -73,8 +73,12 @@ async def apply_limits(conn: Conn, sql: LimitStatements, request: ClaimRequest) 
     if keys:
         scopes = [scope_of(k) for k in keys]
         types = [k[1] for k in keys]
-        await conn.execute(sql.create, scopes, types)
         found = {(r["scope"], r["task_type"]): r for r in await conn.fetch(sql.lock, scopes, types)}
+        if len(found) < len(keys):  # a key's first claim: create its bucket, lock again
+            await conn.execute(sql.create, scopes, types)
+            found = {
+                (r["scope"], r["task_type"]): r for r in await conn.fetch(sql.lock, scopes, types)
+            }
         for key in keys:
             row = found[(scope_of(key), key[1])]
             now = row["now"]
