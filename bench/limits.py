@@ -31,7 +31,16 @@ from taskmill import TaskFilter, Taskmill, TaskStatus
 from taskmill.limits import TypeLimit, parse_rate
 from taskmill.model import AttemptOutcome
 from taskmill.serialization import dumps
-from taskmill.storage import ClaimRequest, Finish, FinishKind, Lease, NewTask, TaskStorage, utcnow
+from taskmill.storage import (
+    ClaimRequest,
+    Finish,
+    FinishKind,
+    HandlerKey,
+    Lease,
+    NewTask,
+    TaskStorage,
+    utcnow,
+)
 
 TYPE = "bench.limits"
 
@@ -82,7 +91,7 @@ async def _round(tm: Taskmill, args: argparse.Namespace, limited: bool) -> dict[
     )
     for start in range(0, args.tasks, 500):
         await storage.enqueue([_new() for _ in range(min(500, args.tasks - start))])
-    limits = {}
+    limits: dict[HandlerKey, TypeLimit] = {}
     if limited:
         limits = {
             (None, TYPE): TypeLimit(rate=parse_rate(args.rate), max_running=args.global_concurrency)
