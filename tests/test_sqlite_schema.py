@@ -124,12 +124,13 @@ async def test_the_schema_version_is_stored(tmp_path: Path):
     assert stored_version(path) == str(latest_version())
 
 
-def test_the_current_schema_is_version_3_with_the_control_tables():
-    assert latest_version() == 3
+def test_the_current_schema_is_version_4_with_the_control_tables():
+    assert latest_version() == 4
     assert [m.name for m in migrations()] == [
         "0001_initial.sql",
         "0002_control.sql",
         "0003_handler_registrations.sql",
+        "0004_rate_limits.sql",
     ]
 
 
@@ -139,6 +140,7 @@ async def test_the_control_tables_and_indexes_exist(tmp_path: Path):
     names = {row[1] for row in schema_of(path)}
     assert {"suspensions", "suspensions_scope", "events"} <= names
     assert {"handler_registrations", "handler_registrations_key"} <= names
+    assert "rate_buckets" in names
 
 
 def stepwise_database(path: Path, version: int) -> None:
