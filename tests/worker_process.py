@@ -30,9 +30,23 @@ def record(log: Path, *fields: object) -> None:
         os.close(fd)
 
 
-def build(url: str, log: Path) -> Taskmill:
+def build(
+    url: str, log: Path, *, rate_limit: str = "20/s", global_concurrency: int = 3
+) -> Taskmill:
     tm = Taskmill(url, plugins=False)
     pid = os.getpid()
+
+    @tm.handler("rated", rate_limit=rate_limit)
+    async def rated(ctx: Context, params: dict) -> int:
+        record(log, "rated", ctx.task.id, pid, time.time())
+        return pid
+
+    @tm.handler("capped", global_concurrency=global_concurrency)
+    async def capped(ctx: Context, params: dict) -> int:
+        record(log, "capped-start", ctx.task.id, pid, time.time())
+        await asyncio.sleep(params.get("sleep", 0))
+        record(log, "capped-end", ctx.task.id, pid, time.time())
+        return pid
 
     @tm.handler("record")
     async def record_run(ctx: Context, params: dict) -> int:
@@ -110,9 +124,16 @@ async def main(argv: list[str]) -> None:
         metavar="NAME:SECONDS",
         help="fire the tick handler every SECONDS (the worker runs the scheduler)",
     )
+    parser.add_argument("--rate-limit", default="20/s")
+    parser.add_argument("--global-concurrency", type=int, default=3)
     args = parser.parse_args(argv)
 
-    tm = build(args.url, args.log)
+    tm = build(
+        args.url,
+        args.log,
+        rate_limit=args.rate_limit,
+        global_concurrency=args.global_concurrency,
+    )
     add_schedules(tm, args.schedule)
     async with tm:
         if args.barrier is not None:

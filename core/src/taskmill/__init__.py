@@ -28,6 +28,7 @@ from taskmill.errors import (
     WaitTimeout,
 )
 from taskmill.hookspecs import hookimpl
+from taskmill.limits import InvalidLimit
 from taskmill.model import (
     Attempt,
     AttemptOutcome,
@@ -72,6 +73,7 @@ __all__ = [
     "HandlerRegistry",
     "InvalidCursor",
     "InvalidHandler",
+    "InvalidLimit",
     "InvalidParams",
     "InvalidTaskSpec",
     "InvalidTransition",

@@ -221,11 +221,19 @@ class Taskmill(TaskOperations):
         max_retries: int | None = None,
         timeout: float | None = None,
         concurrency: int | None = None,
+        rate_limit: str | None = None,
+        global_concurrency: int | None = None,
     ) -> Callable[[F], F]:
         """Decorator: register the function as the handler of ``task_type``.
 
         The handler is ``async def`` or plain ``def`` (run in a worker thread), takes
         ``(ctx, params)`` and returns a JSON value or None.
+
+        ``concurrency`` caps the tasks of this handler running at once in one worker;
+        ``global_concurrency`` caps them across every worker sharing the store, and
+        ``rate_limit`` (``"100/s"``, ``"30/min"``, ``"5/h"``) caps how many start per
+        period across every worker. Both global limits are applied inside the store's
+        claim; see docs/rate-limits.md. With ``app_id`` they cover that app's tasks only.
         """
 
         def decorate(func: F) -> F:
@@ -236,6 +244,8 @@ class Taskmill(TaskOperations):
                 max_retries=max_retries,
                 timeout=timeout,
                 concurrency=concurrency,
+                rate_limit=rate_limit,
+                global_concurrency=global_concurrency,
             )
             return func
 
@@ -250,10 +260,13 @@ class Taskmill(TaskOperations):
         max_retries: int | None = None,
         timeout: float | None = None,
         concurrency: int | None = None,
+        rate_limit: str | None = None,
+        global_concurrency: int | None = None,
     ) -> Handler:
         """Register ``handler`` for ``(app_id, task_type)``; see :meth:`handler`.
 
         :raises HandlerConflict: the key already has a handler.
+        :raises InvalidLimit: ``rate_limit`` or ``global_concurrency`` is not valid.
         """
         return self.registry.register(
             task_type,
@@ -262,6 +275,8 @@ class Taskmill(TaskOperations):
             max_retries=max_retries,
             timeout=timeout,
             concurrency=concurrency,
+            rate_limit=rate_limit,
+            global_concurrency=global_concurrency,
         )
 
     # -- periodic tasks ------------------------------------------------------------------

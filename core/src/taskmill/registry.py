@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import attrs
 
 from taskmill.errors import HandlerConflict, InvalidHandler
+from taskmill.limits import Rate, TypeLimit, check_max_running, parse_rate
 from taskmill.model import JSON
 from taskmill.storage import HandlerKey
 
@@ -33,6 +34,10 @@ class Handler:
     """Seconds an attempt may run before it is stopped and counted as timed out."""
     concurrency: int | None = None
     """At most this many tasks of this handler run at once in one worker."""
+    rate_limit: Rate | None = None
+    """At most this many starts per period across every worker of the store."""
+    global_concurrency: int | None = None
+    """At most this many RUNNING tasks of this key across every worker of the store."""
     source: str = "application"
     """Who registered it (the application, or a plugin's name): named in conflicts."""
     is_async: bool = attrs.field(init=False)
@@ -48,6 +53,13 @@ class Handler:
     def key(self) -> HandlerKey:
         """``(app_id, task_type)``."""
         return (self.app_id, self.task_type)
+
+    @property
+    def limit(self) -> TypeLimit | None:
+        """The global limits a claim carries for this handler, or None."""
+        if self.rate_limit is None and self.global_concurrency is None:
+            return None
+        return TypeLimit(rate=self.rate_limit, max_running=self.global_concurrency)
 
 
 def _check_options(
@@ -113,6 +125,8 @@ class HandlerRegistry:
         max_retries: int | None = None,
         timeout: float | None = None,
         concurrency: int | None = None,
+        rate_limit: str | None = None,
+        global_concurrency: int | None = None,
         source: str = "application",
     ) -> Handler:
         """Register ``handler`` for ``(app_id, task_type)`` and return its record.
@@ -120,8 +134,11 @@ class HandlerRegistry:
         :raises HandlerConflict: that key already has a handler.
         :raises InvalidHandler: ``handler`` cannot be called as ``handler(ctx, params)``.
         :raises ValueError: an option is out of range.
+        :raises InvalidLimit: ``rate_limit`` or ``global_concurrency`` is not valid.
         """
         _check_options(task_type, max_retries, timeout, concurrency)
+        rate = None if rate_limit is None else parse_rate(rate_limit)
+        max_running = check_max_running(global_concurrency)
         _check_signature(task_type, handler)
         record = Handler(
             task_type=task_type,
@@ -130,6 +147,8 @@ class HandlerRegistry:
             max_retries=max_retries,
             timeout=timeout,
             concurrency=concurrency,
+            rate_limit=rate,
+            global_concurrency=max_running,
             source=source,
         )
         existing = self._handlers.get(record.key)
@@ -189,6 +208,8 @@ class HandlerRegistrar:
         max_retries: int | None = None,
         timeout: float | None = None,
         concurrency: int | None = None,
+        rate_limit: str | None = None,
+        global_concurrency: int | None = None,
     ) -> Handler:
         """Register ``handler`` for ``(app_id, task_type)``, with the options of
         ``Taskmill.handler``.
@@ -204,6 +225,8 @@ class HandlerRegistrar:
             max_retries=max_retries,
             timeout=timeout,
             concurrency=concurrency,
+            rate_limit=rate_limit,
+            global_concurrency=global_concurrency,
             source=self.source,
         )
         self.handlers.append(record)

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Self, TypeAlias
 import attrs
 
 from taskmill.errors import TaskmillError
+from taskmill.limits import TypeLimit
 from taskmill.model import (
     JSON,
     Attempt,
@@ -177,6 +178,9 @@ class ClaimRequest:
     lease_seconds: float
     min_priority: int | None = None
     """Only claim tasks at or above this priority (reserved high-priority slots)."""
+    limits: Mapping[HandlerKey, TypeLimit] = attrs.field(factory=dict)
+    """Global limits by handler key (rate and RUNNING count across every worker), which
+    the store applies inside this claim; see :mod:`taskmill.limits`."""
 
 
 @attrs.frozen

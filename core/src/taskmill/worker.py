@@ -41,6 +41,7 @@ from taskmill.backoff import RetryPolicy
 from taskmill.context import Context
 from taskmill.errors import Cancelled, ConfigurationError, Detached, Fail, Retry, TaskmillError
 from taskmill.lifecycle import FINISHES, attempt_kind, finish_kind
+from taskmill.limits import TypeLimit
 from taskmill.model import AttemptOutcome, CancelReason, Priority, Task, TaskStatus
 from taskmill.periodic import Scheduler
 from taskmill.registry import Handler
@@ -475,6 +476,15 @@ class Worker:
                 handlers[handler.key] = max(0, room)
         return handlers
 
+    def _claim_limits(self, handlers: dict[HandlerKey, int | None]) -> dict[HandlerKey, TypeLimit]:
+        """The global limits of the handlers this claim may take for."""
+        limits: dict[HandlerKey, TypeLimit] = {}
+        for handler in self._host.registry:
+            limit = handler.limit
+            if limit is not None and handlers.get(handler.key, 0) != 0:
+                limits[handler.key] = limit
+        return limits
+
     async def _fill_slots(self) -> tuple[int, bool]:
         """Claim into free slots; returns (claimed, drained) where drained means nothing
         more is claimable into the free slots right now."""
@@ -500,6 +510,7 @@ class Worker:
                     limit=free,
                     lease_seconds=self.lease_seconds,
                     min_priority=min_priority,
+                    limits=self._claim_limits(handlers),
                 )
             )
             for task in batch:

@@ -74,6 +74,7 @@ from taskmill.storage import (
 
 from taskmill_mysql import statements as sql
 from taskmill_mysql.connection import Session
+from taskmill_mysql.limits import apply_limits, spend_tokens
 from taskmill_mysql.rows import (
     CANCEL_REASON,
     ERROR,
@@ -340,6 +341,10 @@ async def claim(s: Session, request: ClaimRequest) -> list[Task]:
     suspended = [
         SuspensionScope(task_type=t, app_id=a) for _, stored, t, a in prelude if stored is not None
     ]
+    limited = None
+    if request.limits:
+        limited = await apply_limits(s, request, at)
+        request = limited.request
     picked: list[tuple[int, int]] = []
     for text, args in _claim_branches(request, suspended):
         args[args.index(None, 1)] = at
@@ -356,6 +361,8 @@ async def claim(s: Session, request: ClaimRequest) -> list[Task]:
     rows = await _by_seq(s, seqs)
     snapshots = claimed(rows)  # also puts rows in claim order
     await append_events(s, [(r[SEQ], r[ID], _STARTED, "running", at) for r in rows])
+    if limited is not None:
+        await spend_tokens(s, limited, snapshots)
     return snapshots
 
 

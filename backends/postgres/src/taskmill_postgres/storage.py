@@ -86,6 +86,7 @@ from taskmill.storage import (
 )
 
 from taskmill_postgres import rows, schema
+from taskmill_postgres.limits import LimitStatements, apply_limits, spend_tokens
 from taskmill_postgres.listener import PostgresChangeListener
 from taskmill_postgres.options import (
     ParsedURL,
@@ -207,6 +208,7 @@ class PostgresStorage(TaskStorage):
         """Changes of kind ``k`` are notified on channel ``channel + k.value``."""
         self.sql = Statements(self.schema)
         self.registration_sql = RegistrationStatements(self.schema)
+        self.limit_sql = LimitStatements(self.schema)
         self._events_lock = lock_key("events", self.schema)
         self._pool: asyncpg.Pool | None = None
         self._opening = asyncio.Lock()
@@ -612,6 +614,10 @@ class PostgresStorage(TaskStorage):
         """
         if request.limit <= 0 or not request.handlers:
             return []
+        if request.limits:
+            return await self._run(
+                lambda conn: self._claim_limited(conn, request), transaction=True
+            )
         statement = self.sql.claim_arguments(request, self._events_lock, self.channel)
         if statement is None:
             return []
@@ -622,6 +628,20 @@ class PostgresStorage(TaskStorage):
 
         found = await self._run(claim)
         return rows.claim_order(found) if found else []
+
+    async def _claim_limited(self, conn: Conn, request: ClaimRequest) -> list[Task]:
+        """A claim under global limits, in one transaction: lock the limited keys'
+        ``rate_buckets`` rows, count their RUNNING tasks, claim within what they allow,
+        write the spent tokens back (see :mod:`taskmill_postgres.limits`)."""
+        limited = await apply_limits(conn, self.limit_sql, request)
+        statement = self.sql.claim_arguments(limited.request, self._events_lock, self.channel)
+        if statement is None:
+            return []
+        sql, args = statement
+        found = list(await conn.fetch(sql, *args))
+        claimed = rows.claim_order(found) if found else []
+        await spend_tokens(conn, self.limit_sql, limited, claimed)
+        return claimed
 
     async def finish_batch(self, finishes: Sequence[Finish]) -> list[Task | None]:
         """Apply many attempt ends with one statement (see ``Statements.finish``): every

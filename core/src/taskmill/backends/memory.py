@@ -53,6 +53,7 @@ from taskmill.lifecycle import (
     split_taken,
     unknown_dependency,
 )
+from taskmill.limits import Bucket, limited_caps, locked_keys, refill, spend
 from taskmill.migrations import run_sync
 from taskmill.model import (
     NO_PROGRESS,
@@ -136,6 +137,7 @@ class MemoryStorage(TaskStorage):
         # Dependents cancelled by their dependency during the current operation: cancel()
         # returns them among the tasks it changed; every other operation drops them.
         self._cancelled_by_dependency: list[Task] = []
+        self._buckets: dict[HandlerKey, Bucket] = {}
 
     def _emit(self, kind: EventKind, task: Task, at: float) -> None:
         self._event_seq += 1
@@ -296,6 +298,9 @@ class MemoryStorage(TaskStorage):
         now = from_timestamp(now_ts)
         lease_until = from_timestamp(now_ts + request.lease_seconds)
         handlers = request.handlers
+        tokens: dict[HandlerKey, float] = {}
+        if request.limits:
+            handlers, tokens = self._limited(request, now_ts)
         # Which heaps each handler key draws from.
         sources: dict[QueueKey, HandlerKey] = {}
         for queue_key in self._ready:
@@ -348,7 +353,35 @@ class MemoryStorage(TaskStorage):
             counts[key] = counts.get(key, 0) + 1
             self._emit(EventKind.STARTED, task, now_ts)
             claimed.append(task)
+        for key, left in tokens.items():
+            self._buckets[key] = Bucket(spend(left, counts.get(key, 0)), now_ts)
         return claimed
+
+    def _limited(
+        self, request: ClaimRequest, now_ts: float
+    ) -> tuple[dict[HandlerKey, int | None], dict[HandlerKey, float]]:
+        """The request's caps cut by its global limits (see :mod:`taskmill.limits`),
+        and the refilled tokens of its rate-limited keys."""
+        keys = locked_keys(request.handlers, request.limits)
+        tokens: dict[HandlerKey, float] = {}
+        running: dict[HandlerKey, int] = {}
+        for key in keys:
+            limit = request.limits[key]
+            if limit.rate is not None:
+                tokens[key] = refill(self._buckets.get(key), limit.rate, now_ts)
+            if limit.max_running is not None:
+                running[key] = 0
+        if running:
+            for task_id in self._running:
+                task = self._tasks[task_id]
+                lease = task.lease_expires_at
+                if lease is not None and lease.timestamp() <= now_ts:
+                    continue  # an expired lease holds no slot
+                for key in {(task.app_id, task.task_type), (None, task.task_type)}:
+                    if key in running:
+                        running[key] += 1
+        caps = limited_caps(request.handlers, request.limits, tokens=tokens, running=running)
+        return caps, tokens
 
     def _held(self, lease: Lease) -> Task | None:
         task = self._tasks.get(lease.task_id)

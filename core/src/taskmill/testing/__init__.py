@@ -55,6 +55,7 @@ from taskmill.testing.fixtures import StorageFactory, StoreFixtures
 from taskmill.testing.helpers import claim, finish, lease_of, moment_after, new_task, wait_until
 from taskmill.testing.leases import LeaseContract
 from taskmill.testing.lifecycle import LifecycleContract
+from taskmill.testing.limits import LimitContract
 from taskmill.testing.migrations import MigrationContract, Place, SchemaMigrations
 from taskmill.testing.reference import ReferenceContract
 from taskmill.testing.registrations import HandlerRegistrationContract
@@ -92,6 +93,7 @@ class StorageContract(
     ReferenceContract,
     HandlerRegistrationContract,
     LifecycleContract,
+    LimitContract,
 ):
     """The semantics every :class:`~taskmill.TaskStorage` must have: every topic's tests.
 

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final, TypeVar
 
+import attrs
+
 from taskmill.backends.sqlite import statements as sql
 from taskmill.backends.sqlite.rows import (
     CANCEL_REASON,
@@ -65,6 +67,15 @@ from taskmill.lifecycle import (
     rescue_case,
     split_taken,
     unknown_dependency,
+)
+from taskmill.limits import (
+    Bucket,
+    limited_caps,
+    locked_keys,
+    refill,
+    scope_of,
+    spend,
+    taken_by_key,
 )
 from taskmill.migrations import run_sync
 from taskmill.model import (
@@ -283,8 +294,50 @@ def settle_dependents(
     return cancelled
 
 
+_BUCKETS: Final = "SELECT tokens, updated_at FROM rate_buckets WHERE scope = ? AND task_type = ?"
+_SAVE_BUCKET: Final = (
+    "INSERT INTO rate_buckets (scope, task_type, tokens, updated_at) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (scope, task_type) DO UPDATE SET tokens = excluded.tokens, "
+    "updated_at = excluded.updated_at"
+)
+_RUNNING_OF_TYPE: Final = (
+    "SELECT count(*) FROM tasks WHERE status = 'running' AND task_type = ? AND lease_expires_at > ?"
+)
+_RUNNING_OF_APP: Final = _RUNNING_OF_TYPE + " AND app_id = ?"
+
+
+def _limited(
+    conn: sqlite3.Connection, request: ClaimRequest, now: int
+) -> tuple[dict[HandlerKey, int | None], dict[HandlerKey, float]]:
+    """The request's caps cut by its global limits, read inside the claim's
+    ``BEGIN IMMEDIATE`` transaction (see :mod:`taskmill.limits`), and the refilled
+    tokens of its rate-limited keys."""
+    now_s = now / 1e6
+    tokens: dict[HandlerKey, float] = {}
+    running: dict[HandlerKey, int] = {}
+    for key in locked_keys(request.handlers, request.limits):
+        limit = request.limits[key]
+        app_id, task_type = key
+        if limit.rate is not None:
+            row = conn.execute(_BUCKETS, (scope_of(key), task_type)).fetchone()
+            bucket = None if row is None else Bucket(row[0], row[1])
+            tokens[key] = refill(bucket, limit.rate, now_s)
+        if limit.max_running is not None:
+            if app_id is None:
+                row = conn.execute(_RUNNING_OF_TYPE, (task_type, now)).fetchone()
+            else:
+                row = conn.execute(_RUNNING_OF_APP, (task_type, now, app_id)).fetchone()
+            running[key] = row[0]
+    caps = limited_caps(request.handlers, request.limits, tokens=tokens, running=running)
+    return caps, tokens
+
+
 def claim(conn: sqlite3.Connection, request: ClaimRequest) -> list[Task]:
     now = now_us()
+    tokens: dict[HandlerKey, float] = {}
+    if request.limits:
+        handlers, tokens = _limited(conn, request, now)
+        request = attrs.evolve(request, handlers=handlers)
     scopes = conn.execute(sql.SUSPENSIONS).fetchall()
     suspended = [SuspensionScope(task_type=t, app_id=a) for t, a in scopes]
     statement = sql.claim_statement(request, now, suspended)
@@ -296,6 +349,16 @@ def claim(conn: sqlite3.Connection, request: ClaimRequest) -> list[Task]:
         return []
     snapshots = claimed(rows)  # also puts rows in claim order
     insert_events(conn, [(r[SEQ], r[ID], _STARTED, "running", now) for r in rows])
+    if tokens:
+        taken = taken_by_key(((t.app_id, t.task_type) for t in snapshots), request.handlers)
+        conn.executemany(
+            _SAVE_BUCKET,
+            [
+                (scope_of(key), key[1], spend(left, taken.get(key, 0)), now / 1e6)
+                for key, left in tokens.items()
+                if taken.get(key)
+            ],
+        )
     return snapshots
 
 
