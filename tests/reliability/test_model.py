@@ -59,6 +59,8 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 PROFILE = os.environ.get("TASKMILL_HYPOTHESIS_PROFILE", "ci")
+TIMEOUT = 600 if PROFILE == "ci" else 7200
+"""The large profile on a server backend takes over ten minutes on a loaded machine."""
 
 MODEL_BACKENDS = {
     "sqlite": None,
@@ -289,7 +291,7 @@ def model_loop() -> Iterator[Loop]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(TIMEOUT)
 @pytest.mark.parametrize("backend", list(MODEL_BACKENDS))
 def test_every_backend_behaves_as_the_memory_model(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest, model_loop: Loop
