@@ -51,7 +51,14 @@ def url_scheme(url: str) -> str:
             "sqlite:////srv/tasks.db (an absolute path), memory://, "
             "postgresql://user@host/db"
         )
-    return urlsplit(url).scheme.lower() or url.split("://", 1)[0].lower()
+    try:
+        scheme = urlsplit(url).scheme
+    except ValueError as exc:  # e.g. an unbalanced "[" (an IPv6 host)
+        raise InvalidURL(
+            f"malformed storage URL {url!r}: {exc}; expected scheme://..., e.g. "
+            "sqlite:///tasks.db or postgresql://user@host/db"
+        ) from None
+    return scheme.lower() or url.split("://", 1)[0].lower()
 
 
 def _looks_like_a_path(text: str) -> bool:

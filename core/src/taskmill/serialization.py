@@ -76,11 +76,37 @@ loads: Final[Callable[[str], JSON]] = json.JSONDecoder().decode
 of ``json.loads``: this is on every path that reads a task)."""
 
 
+MAX_PARAMS_DEPTH: Final = 100
+"""How many levels of objects and lists task params may nest (the params object is
+level 1). Deeper values encode, but JSON decoders hit their recursion limit reading them
+back (and MongoDB refuses documents nested deeper than 100): they are refused."""
+
+
+def _depth(value: Any) -> int:
+    """How deeply ``value`` nests dicts and lists (iteratively: no recursion limit)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, level)
+        if level > MAX_PARAMS_DEPTH:
+            return level
+        stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
 def encode_params(params: Any, *, max_bytes: int) -> str:
     """Validate task parameters and return their JSON text.
 
     :raises InvalidParams: params is not a JSON object, holds a value JSON cannot
-        represent, or is larger than ``max_bytes`` once encoded.
+        represent (or a lone surrogate), nests deeper than :data:`MAX_PARAMS_DEPTH`,
+        or is larger than ``max_bytes`` once encoded.
     """
     if not isinstance(params, dict):
         raise InvalidParams(
@@ -88,12 +114,28 @@ def encode_params(params: Any, *, max_bytes: int) -> str:
         )
     try:
         text = dumps(params)
+    except RecursionError:
+        raise InvalidParams(
+            "task params are nested too deeply to encode as JSON; flatten them"
+        ) from None
     except (TypeError, ValueError) as exc:
         raise InvalidParams(
             f"task params must be JSON-serializable: {exc}. Pass plain dicts, lists, "
             "strings, numbers, booleans and None (convert datetimes, sets, objects first)"
         ) from None
-    size = len(text.encode())
+    if text.count("{") + text.count("[") > MAX_PARAMS_DEPTH and _depth(params) > MAX_PARAMS_DEPTH:
+        raise InvalidParams(
+            f"task params nest more than {MAX_PARAMS_DEPTH} levels of objects and lists "
+            "(a stored task must be readable by every backend and JSON decoder); flatten them"
+        )
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError as exc:
+        raise InvalidParams(
+            f"task params must be valid Unicode text: {exc.object[exc.start : exc.end]!r} "
+            f"at position {exc.start} of their JSON is a lone surrogate (half of a UTF-16 "
+            "pair); pass text decoded properly, or bytes as base64 strings"
+        ) from None
     if size > max_bytes:
         raise InvalidParams(
             f"task params are {size} bytes as JSON, over the limit of {max_bytes} bytes; "
