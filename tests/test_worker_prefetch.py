@@ -123,3 +123,14 @@ async def test_queued_tasks_start_highest_priority_first(tm: Taskmill):
 def test_negative_prefetch_or_window_is_refused(tm: Taskmill, field: str, value: float):
     with pytest.raises(ValueError, match=field):
         tm.worker(**{field: value})
+
+
+async def test_tick_claims_into_free_slots_only(tm: Taskmill):
+    @tm.handler("noop")
+    async def noop(ctx: Context, params: dict) -> None:
+        return None
+
+    await tm.enqueue_many([{"task_type": "noop"} for _ in range(10)])
+    worker = tm.worker(concurrency=3, reserved_high_priority_slots=0, prefetch=50, **OPTIONS)
+    assert await worker.tick() == 3
+    assert worker.queued == 0 and worker.held == 0

@@ -296,9 +296,9 @@ class Worker:
         try:
             if time.monotonic() - self._last_rescue >= self.rescue_interval:
                 await self._rescue_once()
-            claimed, _ = await self._fill_slots()
-            while self._running:  # prefetched tasks start as slots free up
-                futures = [e.future for e in list(self._running.values()) if e.future]
+            claimed, _ = await self._fill_slots(prefetch=False)
+            futures = [e.future for e in list(self._running.values()) if e.future]
+            if futures:
                 await asyncio.gather(*futures, return_exceptions=True)
             await self._flush_all()
             return claimed
@@ -458,12 +458,13 @@ class Worker:
                 handlers[handler.key] = max(0, room)
         return handlers
 
-    async def _fill_slots(self) -> tuple[int, bool]:
-        """Claim into free slots; returns (claimed, drained) where drained means nothing
-        more is claimable into the free slots right now."""
+    async def _fill_slots(self, *, prefetch: bool = True) -> tuple[int, bool]:
+        """Claim into free slots (and the local queue, with ``prefetch``); returns
+        (claimed, drained) where drained means nothing more is claimable into the free
+        slots right now. :meth:`tick` claims one batch into free slots only."""
         if self._stopping:
             return 0, False
-        if self.prefetch:
+        if self.prefetch and prefetch:
             return await self._fill_queue()
         general = self.concurrency - self.reserved_high_priority_slots
         claimed = 0
