@@ -8,7 +8,11 @@ the figure, absolute rates move with the load). Each round runs, in this order:
   (``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED LIMIT n) RETURNING``)
   and complete them in one ``UPDATE ... WHERE id = ANY($1)``;
 - taskmill, one worker in this process after the enqueue phase, for every
-  ``--setting`` (``concurrency:prefetch:finish_window``).
+  ``--setting`` (``concurrency:prefetch:finish_window``);
+- with ``--graphile CONCURRENCY:MODE`` (repeatable; MODE ``defaults`` or ``best``:
+  ``localQueue`` of 1000 and batched completions), graphile-worker itself, pinned in
+  ``bench/graphile_worker/package.json`` (``cd bench/graphile_worker && npm ci`` first),
+  one Node runner in its own process after its bulk enqueue (``addJobs``).
 
 Every run uses a PostgreSQL schema of its own, dropped afterwards. Recorded in
 ``bench/results/postgres-prefetch-ab-<date>.json`` with the load average before each
@@ -146,6 +150,37 @@ async def taskmill_run(
     return {"process_per_s": tasks / seconds, "enqueue_per_s": tasks / enqueue_seconds}
 
 
+GRAPHILE_DIR = BENCH_DIR / "graphile_worker"
+
+
+async def graphile_run(url: str, tasks: int, concurrency: int, mode: str) -> dict[str, float]:
+    schema = f"bench_gw_{uuid.uuid4().hex[:8]}"
+    try:
+        done = await asyncio.to_thread(
+            subprocess.run,
+            ["node", "bench.mjs", plain_dsn(url), schema, str(tasks), str(concurrency), mode],
+            cwd=GRAPHILE_DIR,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"graphile-worker failed ({done.returncode}):\n{done.stderr}")
+        report = json.loads(done.stdout.strip().splitlines()[-1])
+        if int(report["processed"]) != tasks:
+            raise RuntimeError(f"graphile-worker processed {report['processed']} of {tasks}")
+    finally:
+        admin = await asyncpg.connect(plain_dsn(url))
+        try:
+            await admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        finally:
+            await admin.close()
+    return {
+        "process_per_s": tasks / float(report["seconds"]),
+        "enqueue_per_s": tasks / float(report["enqueueSeconds"]),
+    }
+
+
 def _git(*args: str) -> str:
     done = subprocess.run(["git", *args], capture_output=True, text=True, check=False)
     return done.stdout.strip()
@@ -163,6 +198,12 @@ async def main() -> None:
         + ", ".join(DEFAULT_SETTINGS)
         + ")",
     )
+    parser.add_argument(
+        "--graphile",
+        action="append",
+        default=[],
+        help="also run graphile-worker at CONCURRENCY:MODE (defaults|best); repeatable",
+    )
     parser.add_argument("--ceiling-batch", type=int, default=100)
     parser.add_argument("--ceiling-connections", type=int, default=2)
     parser.add_argument("--no-record", action="store_true")
@@ -170,6 +211,7 @@ async def main() -> None:
     if not args.url:
         parser.error("--url or $TASKMILL_TEST_POSTGRES_URL is needed")
     settings = args.setting or DEFAULT_SETTINGS
+    systems = [*settings, *(f"graphile-worker {peer}" for peer in args.graphile)]
     rounds: list[dict[str, Any]] = []
     for number in range(args.rounds):
         load = os.getloadavg()
@@ -182,13 +224,18 @@ async def main() -> None:
             row[setting] = await taskmill_run(
                 args.url, args.tasks, int(concurrency), int(prefetch), float(window)
             )
+        for peer in args.graphile:
+            concurrency, mode = peer.split(":")
+            row[f"graphile-worker {peer}"] = await graphile_run(
+                args.url, args.tasks, int(concurrency), mode
+            )
         rounds.append(row)
         print(
             f"round {number + 1} (load {load[0]:.2f}): ceiling {row['ceiling_per_s']:.0f}/s; "
             + "; ".join(
                 f"{s} {row[s]['process_per_s']:.0f}/s "
                 f"({row[s]['process_per_s'] / row['ceiling_per_s']:.0%} of ceiling)"
-                for s in settings
+                for s in systems
             ),
             flush=True,
         )
@@ -201,8 +248,9 @@ async def main() -> None:
             "median_ratio_to_first_setting": statistics.median(
                 r[s]["process_per_s"] / r[settings[0]]["process_per_s"] for r in rounds
             ),
+            "median_enqueue_per_s": statistics.median(r[s]["enqueue_per_s"] for r in rounds),
         }
-        for s in settings
+        for s in systems
     }
     print(json.dumps(summary, indent=2))
     if args.no_record:
@@ -216,6 +264,7 @@ async def main() -> None:
             "taskmill": settings,
             "ceiling_batch": args.ceiling_batch,
             "ceiling_connections": args.ceiling_connections,
+            "graphile_worker": args.graphile,
             "worker": "one worker in the benchmark's process, after the enqueue phase",
         },
         "machine": {"cpus": os.cpu_count(), "commit": _git("rev-parse", "HEAD")},
