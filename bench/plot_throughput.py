@@ -53,7 +53,12 @@ def main() -> None:
     ceilings = [r["ceiling_per_s"] for r in record["rounds"]]
     loads = [r["load_before"] for r in record["rounds"]]
     figure, axes = plt.subplots(figsize=(8, 5))
-    axes.axhspan(min(ceilings), max(ceilings), color="0.85", label="raw asyncpg ceiling (range)")
+    axes.axhspan(
+        min(ceilings),
+        max(ceilings),
+        color="0.85",
+        label="raw asyncpg loop, claim 100 / complete 100 (range of rounds)",
+    )
     for label, points in sorted(series(record).items()):
         xs = sorted(points)
         axes.plot(xs, [points[x] for x in xs], marker="o", label=label)
