@@ -7,12 +7,24 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import pytest
-from taskmill import AttemptOutcome, Context, Priority, TaskFilter, Taskmill, TaskStatus
+from taskmill import (
+    AttemptOutcome,
+    Context,
+    Priority,
+    TaskFilter,
+    Taskmill,
+    TaskStatus,
+)
 from taskmill.testing import wait_until
 
-OPTIONS = {"handle_signals": False, "min_poll_interval": 0.01, "poll_interval": 0.05}
+OPTIONS: dict[str, Any] = {
+    "handle_signals": False,
+    "min_poll_interval": 0.01,
+    "poll_interval": 0.05,
+}
 
 
 async def until(condition: Callable[[], bool]) -> None:
@@ -120,9 +132,10 @@ async def test_queued_tasks_start_highest_priority_first(tm: Taskmill):
 
 
 @pytest.mark.parametrize(("field", "value"), [("prefetch", -1), ("finish_window", -0.1)])
-def test_negative_prefetch_or_window_is_refused(tm: Taskmill, field: str, value: float):
+def test_negative_prefetch_or_window_is_refused(tm: Taskmill, field: str, value: Any):
+    bad: dict[str, Any] = {field: value}
     with pytest.raises(ValueError, match=field):
-        tm.worker(**{field: value})
+        tm.worker(**bad)
 
 
 async def test_tick_claims_into_free_slots_only(tm: Taskmill):
