@@ -479,7 +479,7 @@ class Worker:
             handlers = self._claim_handlers()
             if not any(room is None or room > 0 for room in handlers.values()):
                 return claimed, True
-            batch = await self._claim(free, min_priority)
+            batch = await self._claim(free, min_priority, handlers)
             for task in batch:
                 self._start(task)
             claimed += len(batch)
