@@ -404,6 +404,20 @@ class Settings:
         default=_WORKER_DEFAULTS["cleanup_interval"],
         metadata=_meta(_seconds(0, exclusive=True), "worker", "how often that cleanup runs"),
     )
+    prefetch: int = attrs.field(
+        default=_WORKER_DEFAULTS["prefetch"],
+        metadata=_meta(
+            _whole(0), "worker", "tasks claimed ahead of the free slots into a local queue"
+        ),
+    )
+    finish_window: float = attrs.field(
+        default=_WORKER_DEFAULTS["finish_window"],
+        metadata=_meta(
+            _seconds(0, exclusive=False),
+            "worker",
+            "how long outcomes are gathered into one write",
+        ),
+    )
     retry_base: float = attrs.field(
         default=_RETRY_DEFAULTS.base,
         metadata=_meta(_seconds(0, exclusive=False), "worker", "backoff before the first retry"),
@@ -523,6 +537,8 @@ class Settings:
                 else timedelta(seconds=self.cleanup_older_than)
             ),
             "cleanup_interval": self.cleanup_interval,
+            "prefetch": self.prefetch,
+            "finish_window": self.finish_window,
             "retry_policy": RetryPolicy(
                 base=self.retry_base,
                 factor=self.retry_factor,
@@ -567,6 +583,8 @@ ENV_VARS: Final[Mapping[str, str]] = {
     "event_retention": "TASKMILL_EVENT_RETENTION",
     "cleanup_older_than": "TASKMILL_CLEANUP_OLDER_THAN",
     "cleanup_interval": "TASKMILL_CLEANUP_INTERVAL",
+    "prefetch": "TASKMILL_PREFETCH",
+    "finish_window": "TASKMILL_FINISH_WINDOW",
     "retry_base": "TASKMILL_RETRY_BASE",
     "retry_factor": "TASKMILL_RETRY_FACTOR",
     "retry_maximum": "TASKMILL_RETRY_MAXIMUM",

@@ -23,6 +23,8 @@ import asyncio
 import contextlib
 import contextvars
 import functools
+import heapq
+import itertools
 import logging
 import os
 import signal
@@ -204,6 +206,14 @@ class Worker:
         workers. :meth:`run_until_idle` and :meth:`tick` never fire schedules."""
         self.scheduler: Scheduler | None = None
         """The scheduler loop of the current :meth:`run`, when it has one."""
+        self.prefetch = options.prefetch
+        """Tasks claimed ahead of the free slots into the local queue (0: none)."""
+        self.finish_window = options.finish_window
+
+        # The local queue of prefetched tasks: claimed (RUNNING in the store, leases
+        # renewed) but not started; highest priority first, then in claim order.
+        self._queued: list[tuple[int, int, Task, Handler]] = []
+        self._queue_seq = itertools.count()
 
         self._running: dict[str, _Execution] = {}
         self._running_normal = 0
@@ -255,9 +265,15 @@ class Worker:
     @property
     def held(self) -> int:
         """Tasks this worker holds in the store: running handlers plus outcomes not yet
-        written. Never more than ``concurrency``: claims wait for the writes. An attempt
+        written, plus prefetched tasks. Never more than ``concurrency + prefetch``: claims
+        wait for the writes. An attempt
         handed over to another owner (:class:`~taskmill.Detached`) is no longer held."""
-        return len(self._running) + len(self._finishes) + len(self._in_flight)
+        return len(self._running) + len(self._queued) + len(self._finishes) + len(self._in_flight)
+
+    @property
+    def queued(self) -> int:
+        """Prefetched tasks waiting in the local queue for a slot (see ``prefetch``)."""
+        return len(self._queued)
 
     async def run(self) -> None:
         """Claim and run tasks until :meth:`stop` is called or SIGTERM/SIGINT arrives.
@@ -288,7 +304,7 @@ class Worker:
         try:
             if time.monotonic() - self._last_rescue >= self.rescue_interval:
                 await self._rescue_once()
-            claimed, _ = await self._fill_slots()
+            claimed, _ = await self._fill_slots(prefetch=False)
             futures = [e.future for e in list(self._running.values()) if e.future]
             if futures:
                 await asyncio.gather(*futures, return_exceptions=True)
@@ -410,7 +426,7 @@ class Worker:
                 poll = min(self.poll_interval, poll * 2)
             if claimed:
                 poll = self.min_poll_interval
-            has_free = self.held < self.concurrency
+            has_free = self.held < self.concurrency + self.prefetch
             if claimed and has_free and not drained:
                 continue  # a full batch came back: there may be more
             timeout: float | None = poll if has_free else None
@@ -421,6 +437,7 @@ class Worker:
                 and drained
                 and not claimed
                 and not self._running
+                and not self._queued
                 and (not self._finishes)
             ):
                 try:
@@ -485,11 +502,14 @@ class Worker:
                 limits[handler.key] = limit
         return limits
 
-    async def _fill_slots(self) -> tuple[int, bool]:
-        """Claim into free slots; returns (claimed, drained) where drained means nothing
-        more is claimable into the free slots right now."""
+    async def _fill_slots(self, *, prefetch: bool = True) -> tuple[int, bool]:
+        """Claim into free slots (and the local queue, with ``prefetch``); returns
+        (claimed, drained) where drained means nothing more is claimable into the free
+        slots right now. :meth:`tick` claims one batch into free slots only."""
         if self._stopping:
             return 0, False
+        if self.prefetch and prefetch:
+            return await self._fill_queue()
         general = self.concurrency - self.reserved_high_priority_slots
         claimed = 0
         for min_priority in (None, _HIGH_PRIORITY):
@@ -503,16 +523,7 @@ class Worker:
             handlers = self._claim_handlers()
             if not any(room is None or room > 0 for room in handlers.values()):
                 return claimed, True
-            batch = await self._host.storage.claim_batch(
-                ClaimRequest(
-                    worker_id=self.worker_id,
-                    handlers=handlers,
-                    limit=free,
-                    lease_seconds=self.lease_seconds,
-                    min_priority=min_priority,
-                    limits=self._claim_limits(handlers),
-                )
-            )
+            batch = await self._claim(free, min_priority, handlers)
             for task in batch:
                 self._start(task)
             claimed += len(batch)
@@ -524,10 +535,110 @@ class Worker:
                 return claimed, True
         return claimed, False
 
-    def _start(self, task: Task) -> None:
+    async def _claim(
+        self,
+        limit: int,
+        min_priority: int | None,
+        handlers: dict[HandlerKey, int | None] | None = None,
+    ) -> list[Task]:
+        if handlers is None:
+            handlers = self._claim_handlers()
+        return await self._host.storage.claim_batch(
+            ClaimRequest(
+                worker_id=self.worker_id,
+                handlers=handlers,
+                limit=limit,
+                lease_seconds=self.lease_seconds,
+                min_priority=min_priority,
+                limits=self._claim_limits(handlers),
+            )
+        )
+
+    async def _fill_queue(self) -> tuple[int, bool]:
+        """With ``prefetch``: claim up to ``concurrency + prefetch`` held tasks into the
+        local queue, then start what the free slots take.
+
+        Claims are adaptive: while the queue still feeds every slot, the worker waits
+        until a quarter of its capacity is free, so claims come in batches instead of
+        one row per finished task; with the queue empty it claims whatever is free.
+        """
+        capacity = self.concurrency + self.prefetch
+        free = capacity - self.held
+        starving = len(self._queued) < self.concurrency - len(self._running)
+        if free <= 0 or (not starving and free < max(1, capacity // 4)):
+            self._start_queued()
+            return 0, False
+        handlers = self._claim_handlers()
+        if not any(room is None or room > 0 for room in handlers.values()):
+            self._start_queued()
+            return 0, True
+        batch = await self._claim(free, None, handlers)
+        for task in batch:
+            self._enqueue_local(task)
+        self._start_queued()
+        return len(batch), len(batch) < free
+
+    def _enqueue_local(self, task: Task) -> None:
         handler = self._host.registry.lookup(task.app_id, task.task_type)
+        if handler is None:
+            self._start(task)  # gives it back untouched
+            return
+        self._per_key[handler.key] = self._per_key.get(handler.key, 0) + 1
+        heapq.heappush(self._queued, (-task.priority, next(self._queue_seq), task, handler))
+
+    def _start_queued(self) -> None:
+        """Start prefetched tasks while slots are free (normal ones only in the slots
+        not reserved for high priority)."""
+        general = self.concurrency - self.reserved_high_priority_slots
+        queued = self._queued
+        while queued and not self._stopping and len(self._running) < self.concurrency:
+            task = queued[0][2]
+            if task.priority < _HIGH_PRIORITY and self._running_normal >= general:
+                return  # the head is the highest priority queued: nothing else fits
+            _, _, task, handler = heapq.heappop(queued)
+            self._start(task, handler, started_at=utcnow())
+
+    def _drop_queued(self, task_ids: set[str]) -> list[tuple[Task, Handler]]:
+        """Take these tasks out of the local queue (their counts too)."""
+        kept: list[tuple[int, int, Task, Handler]] = []
+        dropped: list[tuple[int, int, Task, Handler]] = []
+        for item in self._queued:
+            (dropped if item[2].id in task_ids else kept).append(item)
+        if dropped:
+            heapq.heapify(kept)
+            self._queued = kept
+            for _, _, _, handler in dropped:
+                self._per_key[handler.key] -= 1
+        return [(task, handler) for _, _, task, handler in dropped]
+
+    def _release_queued(self, error: str) -> None:
+        """Give every prefetched task back (PENDING, the attempt not spent)."""
+        queued, self._queued = self._queued, []
+        now = utcnow()
+        for _, _, task, handler in queued:
+            self._per_key[handler.key] -= 1
+            self._queue_finish(
+                Finish(
+                    lease=Lease(task_id=task.id, worker_id=self.worker_id, attempt=task.attempts),
+                    kind=FinishKind.RELEASE,
+                    outcome=AttemptOutcome.INTERRUPTED,
+                    started_at=task.started_at or now,
+                    finished_at=now,
+                    error=error,
+                ),
+                None,
+            )
+
+    def _start(
+        self, task: Task, handler: Handler | None = None, started_at: datetime | None = None
+    ) -> None:
+        """Run a claimed task; ``handler`` given: it comes from the local queue, where it
+        was counted against its handler's concurrency already."""
+        counted = handler is not None
+        if handler is None:
+            handler = self._host.registry.lookup(task.app_id, task.task_type)
         lease = Lease(task_id=task.id, worker_id=self.worker_id, attempt=task.attempts)
-        now = task.started_at or utcnow()
+        now = started_at or task.started_at or utcnow()
         if handler is None:  # unregistered since the claim: give it back untouched
             self._queue_finish(
                 Finish(
@@ -554,7 +665,8 @@ class Worker:
         self._running[task.id] = execution
         if not execution.high:
             self._running_normal += 1
-        self._per_key[key] = self._per_key.get(key, 0) + 1
+        if not counted:
+            self._per_key[key] = self._per_key.get(key, 0) + 1
         future = execution.future = asyncio.create_task(self._execute(execution))
         if handler.is_async:
             # Bound to the future, not the execution: no reference cycle outlives the
@@ -567,6 +679,8 @@ class Worker:
         if not execution.high:
             self._running_normal -= 1
         self._per_key[execution.key] -= 1
+        if self._queued:
+            self._start_queued()
         if self._wake is not None:
             self._wake.set()
 
@@ -726,6 +840,10 @@ class Worker:
         assert self._finish_ready is not None
         while True:
             await self._finish_ready.wait()
+            if self.finish_window and not self._stopping:
+                # Gather more outcomes into this write. A stop does not wait for it:
+                # its flush writes directly while this loop sleeps.
+                await asyncio.sleep(self.finish_window)
             self._finish_ready.clear()
             await self._flush_pending()
 
@@ -830,6 +948,10 @@ class Worker:
 
     def _held_leases(self) -> list[Lease]:
         leases = [e.lease for e in self._running.values() if not e.abandoned]
+        leases.extend(
+            Lease(task_id=task.id, worker_id=self.worker_id, attempt=task.attempts)
+            for _, _, task, _ in self._queued
+        )
         leases.extend(f.lease for f, _ in self._finishes)
         leases.extend(f.lease for f, _ in self._in_flight)
         return leases
@@ -893,6 +1015,10 @@ class Worker:
         self, asked: list[Lease], held: dict[str, CancelReason | None]
     ) -> None:
         # Only the leases asked about: tasks claimed meanwhile are not in ``held``.
+        if self._queued:
+            lost = {lease.task_id for lease in asked if lease.task_id not in held}
+            for task, _ in self._drop_queued(lost):
+                log.warning("task %s: lease lost while prefetched; dropping it", task.id)
         for lease in asked:
             execution = self._running.get(lease.task_id)
             if execution is None or execution.lease != lease or execution.abandoned:
@@ -989,6 +1115,9 @@ class Worker:
 
     async def _shutdown(self) -> None:
         started = time.monotonic()
+        if self._queued:
+            log.info("stopping: giving back %d prefetched tasks", len(self._queued))
+            self._release_queued("not started (shutdown)")
         if self._running:
             log.info(
                 "stopping: waiting up to %.1f s for %d running tasks",

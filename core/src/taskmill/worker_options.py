@@ -37,6 +37,18 @@ def _leaves_normal_slots(
         )
 
 
+def _not_negative(instance: WorkerOptions, attribute: attrs.Attribute[int], value: int) -> None:
+    if value < 0:
+        raise ValueError(f"{attribute.name} must be at least 0, got {value}")
+
+
+def _not_negative_float(
+    instance: WorkerOptions, attribute: attrs.Attribute[float], value: float
+) -> None:
+    if value < 0:
+        raise ValueError(f"{attribute.name} must be at least 0, got {value}")
+
+
 def _positive(instance: WorkerOptions, attribute: attrs.Attribute[float], value: float) -> None:
     if value <= 0:
         raise ValueError(f"{attribute.name} must be > 0")
@@ -107,6 +119,17 @@ class WorkerOptions:
     """Only these task types are claimed. None: every type with a handler."""
     app_ids: frozenset[str | None] | None = attrs.field(default=None, converter=_app_ids)
     """Only tasks of these apps are claimed (None in it: the host's own). None: all."""
+    prefetch: int = attrs.field(default=0, validator=_not_negative)
+    """Tasks claimed ahead of the free slots and kept in a local queue (graphile-worker's
+    ``localQueue``): a slot whose handler returns starts the next queued task at once,
+    without a claim round trip, and claims come in larger batches. Prefetched tasks are
+    held (RUNNING in the store, leases renewed) and count against the handlers'
+    ``concurrency``; on stop they go back to PENDING at once without spending an
+    attempt. 0: claim only into free slots."""
+    finish_window: float = attrs.field(default=0.0, validator=_not_negative_float)
+    """Seconds the writer waits after the first unwritten outcome to gather more into
+    one ``finish_batch`` (on top of the group commit that always happens). 0: write at
+    once. A stop writes at once."""
 
 
 class WorkerArgs(TypedDict, total=False):
@@ -131,3 +154,5 @@ class WorkerArgs(TypedDict, total=False):
     cleanup_interval: float
     task_types: Collection[str] | None
     app_ids: Collection[str | None] | None
+    prefetch: int
+    finish_window: float
