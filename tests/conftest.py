@@ -264,3 +264,89 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 # tests/backends/ holds example distributions that run their own tests once built and
 # installed (tests/test_backend_authoring.py); this run does not collect them.
 collect_ignore = ["backends"]
+
+
+# -- MongoDB ------------------------------------------------------------------------------
+
+
+@cache
+def mongo_unreachable() -> str | None:
+    """Why the MongoDB test server cannot be used, or None when it can (checked once)."""
+    from tests import mongo_server
+
+    try:
+        url = mongo_server.base_url()
+    except RuntimeError as exc:
+        return f"no MongoDB test server: {exc}"
+
+    async def ping() -> None:
+        from pymongo import AsyncMongoClient
+
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+            url, serverSelectionTimeoutMS=5000
+        )
+        try:
+            await client.admin.command("ping")
+        finally:
+            await client.close()
+
+    try:
+        run_sync(ping())
+    except Exception as exc:
+        return f"MongoDB test server unreachable: {exc}"
+    return None
+
+
+def require_mongo() -> str:
+    """The MongoDB test server's base URL; skips (or fails) when it is unreachable."""
+    from tests import mongo_server
+
+    reason = mongo_unreachable()
+    if reason is not None:
+        skip_or_fail("mongo", reason)
+    return mongo_server.base_url()
+
+
+def drop_mongo_database(name: str) -> None:
+    from tests import mongo_server
+
+    async def drop() -> None:
+        from pymongo import AsyncMongoClient
+
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+            mongo_server.base_url(), serverSelectionTimeoutMS=5000
+        )
+        try:
+            await client.drop_database(name)
+        finally:
+            await client.close()
+
+    run_sync(drop())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_started_mongo() -> Iterator[None]:
+    """Stop the nx-27017 this session started (if it started one), by its pid."""
+    yield
+    from tests import mongo_server
+
+    mongo_server.stop_nx()
+
+
+@pytest.fixture
+def mongo_database() -> Iterator[str]:
+    """A fresh database name on the MongoDB test server, dropped after the test."""
+    from tests import mongo_server
+
+    require_mongo()
+    name = mongo_server.new_database_name()
+    yield name
+    drop_mongo_database(name)
+
+
+@pytest.fixture
+def mongo_url(mongo_database: str) -> str:
+    """The URL of this test's own database on the MongoDB test server."""
+    from tests import mongo_server
+
+    return mongo_server.url_for(mongo_database)
