@@ -53,8 +53,19 @@ def start_nx() -> str:
     data = Path(tempfile.mkdtemp(prefix="taskmill-nx-"))
     port = _free_port()
     process = subprocess.Popen(
-        [exe, "--data-dir", str(data / "db"), "--host", "127.0.0.1", "-p", str(port),
-         "--log-file", str(data / "log"), "--pid-file", str(data / "pid")],
+        [
+            exe,
+            "--data-dir",
+            str(data / "db"),
+            "--host",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "--log-file",
+            str(data / "log"),
+            "--pid-file",
+            str(data / "pid"),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

@@ -118,9 +118,7 @@ async def test_a_newer_schema_is_refused_with_upgrade_advice(mongo_url: str, mon
             await attempt
 
 
-async def test_another_applications_database_is_left_untouched(
-    mongo_url: str, mongo_database: str
-):
+async def test_another_applications_database_is_left_untouched(mongo_url: str, mongo_database: str):
     client, db = await _raw(mongo_database)
     try:
         await db.invoices.insert_one({"_id": 1})
@@ -140,9 +138,7 @@ async def test_another_applications_database_is_left_untouched(
         {"": "empty key", ".": ".", "$": "$"},
     ],
 )
-async def test_params_keys_mongodb_restricts_are_stored_faithfully(
-    mongo_url: str, params: dict
-):
+async def test_params_keys_mongodb_restricts_are_stored_faithfully(mongo_url: str, params: dict):
     from taskmill import Taskmill
 
     tm = Taskmill(mongo_url)

@@ -66,7 +66,9 @@ def parse_url(url: str, options: dict[str, Any]) -> MongoOptions:
         database = urlsplit(url).path.lstrip("/") or None
     except (InvalidURI, ConfigurationError, ValueError) as exc:
         message = str(exc).replace(url, shown)
-        raise InvalidURL(f"malformed MongoDB URL {shown}: {message}; expected {_EXPECTED}") from None
+        raise InvalidURL(
+            f"malformed MongoDB URL {shown}: {message}; expected {_EXPECTED}"
+        ) from None
     if not database:
         raise InvalidURL(f"{shown} names no database; expected {_EXPECTED}")
     if not _NAME.match(database):

@@ -34,6 +34,7 @@ private helpers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -363,7 +364,9 @@ class MongoStorage(TaskStorage):
 
             async def probe(session: AsyncClientSession) -> None:
                 await db.counters.update_one(
-                    {"_id": "events"}, {"$setOnInsert": {"value": 0}}, upsert=True,
+                    {"_id": "events"},
+                    {"$setOnInsert": {"value": 0}},
+                    upsert=True,
                     session=session,
                 )
 
@@ -413,20 +416,17 @@ class MongoStorage(TaskStorage):
         await db.attempts.create_indexes(ATTEMPT_INDEXES)
         await db.events.create_indexes(EVENT_INDEXES)
         for counter in ("tasks", "events"):
-            try:
+            with contextlib.suppress(DuplicateKeyError):  # another process inserted it first
                 await db.counters.update_one(
                     {"_id": counter}, {"$setOnInsert": {"value": 0}}, upsert=True
                 )
-            except DuplicateKeyError:
-                pass  # another process inserted it first
-        try:
+        # DuplicateKeyError: recorded (at this version or newer) by another process meanwhile.
+        with contextlib.suppress(DuplicateKeyError):
             await db.taskmill_meta.update_one(
                 {"_id": "schema", "version": {"$lt": SCHEMA_VERSION}},
                 {"$set": {"version": SCHEMA_VERSION}},
                 upsert=True,
             )
-        except DuplicateKeyError:
-            pass  # recorded (at this version or newer) by another process meanwhile
 
     async def migrate(self) -> int:
         client = self._new_client()
@@ -462,7 +462,13 @@ class MongoStorage(TaskStorage):
             first = await self._reserve(s, "events", len(writes.events))
             await db.events.insert_many(
                 [
-                    {"_id": first + i, "kind": k.value, "task_id": tid, "status": st.value, "at": now}
+                    {
+                        "_id": first + i,
+                        "kind": k.value,
+                        "task_id": tid,
+                        "status": st.value,
+                        "at": now,
+                    }
                     for i, (k, tid, st) in enumerate(writes.events)
                 ],
                 session=s,
@@ -517,9 +523,11 @@ class MongoStorage(TaskStorage):
         writes.emit(chosen.transition.event, new)
         if settles_aliases(new.status, new.dedupe_key, new.alias_of):
             kind = TERMINAL_EVENTS[new.status]
-            cursor = self._database().tasks.find(
-                {"alias_of": new.id, "status": _PENDING}, session=s
-            ).sort("seq", ASCENDING)
+            cursor = (
+                self._database()
+                .tasks.find({"alias_of": new.id, "status": _PENDING}, session=s)
+                .sort("seq", ASCENDING)
+            )
             async for alias_doc in cursor:
                 alias = settle_alias(task(alias_doc), new, at)
                 await self._replace(s, alias_doc, alias)
@@ -635,12 +643,11 @@ class MongoStorage(TaskStorage):
                 },
                 session=s,
             )
-            if result.modified_count != len(picked):
-                raise _Raced
-            docs = {
-                d["_id"]: d async for d in db.tasks.find({"claim_token": token}, session=s)
-            }
-            claimed = [task(docs[i]) for i in picked]
+            if not result.modified_count:
+                raise _Raced  # every pick was claimed by another worker since it was read
+            # Read back by the token: the picks another worker took meanwhile are not ours.
+            docs = {d["_id"]: d async for d in db.tasks.find({"claim_token": token}, session=s)}
+            claimed = [task(docs[i]) for i in picked if i in docs]
             writes = _Writes()
             for t in claimed:
                 writes.emit(EventKind.STARTED, t)
@@ -682,8 +689,12 @@ class MongoStorage(TaskStorage):
             writes = _Writes()
             results: list[Task | None] = []
             for finish in finishes:
-                doc = held.pop(finish.lease.task_id, None)
-                if doc is None:
+                doc = held.get(finish.lease.task_id)
+                if (
+                    doc is None
+                    or doc["worker_id"] != finish.lease.worker_id
+                    or doc["attempts"] != finish.lease.attempt
+                ):
                     results.append(None)
                     continue
                 kind = finish.kind
@@ -723,6 +734,7 @@ class MongoStorage(TaskStorage):
                         error=finish.error if outcome is not AttemptOutcome.COMPLETED else None,
                     )
                 )
+                del held[new.id]
                 results.append(new)
             if not writes.events:
                 raise _Nothing(results)
@@ -746,10 +758,14 @@ class MongoStorage(TaskStorage):
                 await db.tasks.update_many(fences, {"$set": {"lease_expires_at": until}})
             fields = {"cancel_reason": 1, "app_id": 1, "task_type": 1}
             held = {d["_id"]: d async for d in db.tasks.find(fences, fields)}
-            suspended = [
-                SuspensionScope(task_type=d["task_type"], app_id=d["app_id"])
-                async for d in db.suspensions.find({})
-            ] if held else []
+            suspended = (
+                [
+                    SuspensionScope(task_type=d["task_type"], app_id=d["app_id"])
+                    async for d in db.suspensions.find({})
+                ]
+                if held
+                else []
+            )
             answer: dict[str, CancelReason | None] = {}
             for task_id, doc in held.items():
                 reason = doc["cancel_reason"]
@@ -808,16 +824,23 @@ class MongoStorage(TaskStorage):
             db = self._database()
             now = await self._now()
             at = from_micros(now)
-            expired = await db.tasks.find(
-                {"status": _RUNNING, "lease_expires_at": {"$lte": now}}, session=s
-            ).sort("seq", ASCENDING).limit(max(limit, 0)).to_list()
+            expired = (
+                await db.tasks.find(
+                    {"status": _RUNNING, "lease_expires_at": {"$lte": now}}, session=s
+                )
+                .sort("seq", ASCENDING)
+                .limit(max(limit, 0))
+                .to_list()
+            )
             if not expired:
                 raise _Nothing([])
             writes = _Writes()
             rescued: list[Task] = []
             for doc in expired:
                 old = task(doc)
-                chosen = _RESCUE_PLANS[rescue_case(old.cancel_reason, old.attempts, old.max_retries)]
+                chosen = _RESCUE_PLANS[
+                    rescue_case(old.cancel_reason, old.attempts, old.max_retries)
+                ]
                 new = await self._settle(s, doc, chosen, now, writes, error=RESCUE_ERROR)
                 assert chosen.transition.outcome is not None
                 writes.attempts.append(
@@ -961,20 +984,19 @@ class MongoStorage(TaskStorage):
                 SuspensionScope(task_type=d["task_type"], app_id=d["app_id"])
                 async for d in db.suspensions.find({})
             ]
-            best: int | None = None
-            # The earliest due task per (app, type): few groups, each read off an index.
-            pipeline: list[Doc] = [
-                {"$match": {"status": _PENDING, "task_type": {"$in": types}, "alias_of": None}},
-                {"$group": {"_id": {"a": "$app_id", "t": "$task_type"}, "at": {"$min": "$run_at"}}},
-            ]
-            async for row in await db.tasks.aggregate(pipeline):
-                app_id, task_type = row["_id"].get("a"), row["_id"]["t"]
+            cursor = db.tasks.find(
+                {"status": _PENDING, "task_type": {"$in": types}, "alias_of": None},
+                {"app_id": 1, "task_type": 1, "run_at": 1},
+            ).sort([("run_at", ASCENDING), ("seq", ASCENDING)])
+            async for doc in cursor:
+                app_id, task_type = doc["app_id"], doc["task_type"]
                 if (app_id, task_type) not in keys and (None, task_type) not in keys:
                     continue
                 if any(sc.covers(app_id, task_type) for sc in suspended):
                     continue
-                best = row["at"] if best is None else min(best, row["at"])
-            return None if best is None else from_micros(best)
+                await cursor.close()
+                return from_micros(doc["run_at"])
+            return None
 
         return await self._guard(run())
 
@@ -1035,7 +1057,10 @@ class MongoStorage(TaskStorage):
                 active = {"status": {"$in": _ACTIVE}}
                 query = {"$and": [query, active]} if query else active
                 selected.extend(
-                    [d["_id"] async for d in db.tasks.find(query, {"_id": 1}, session=s).sort("seq", 1)]
+                    [
+                        d["_id"]
+                        async for d in db.tasks.find(query, {"_id": 1}, session=s).sort("seq", 1)
+                    ]
                 )
 
             async def children_of(level: list[str]) -> list[tuple[str, str]]:
@@ -1106,9 +1131,7 @@ class MongoStorage(TaskStorage):
         running = [d["_id"] async for d in db.tasks.find(query, {"_id": 1})]
         if not running:
             return 0
-        changed = await self.cancel(
-            task_ids=running, reason=CancelReason.SUSPENDED, cascade=False
-        )
+        changed = await self.cancel(task_ids=running, reason=CancelReason.SUSPENDED, cascade=False)
         return len(changed)
 
     async def resume(self, scope: SuspensionScope) -> bool:
@@ -1140,13 +1163,14 @@ class MongoStorage(TaskStorage):
                 return [], position_token(0 if counter is None else int(counter["value"]))
             if limit <= 0:
                 return [], after or position_token(position)
-            rows = await db.events.find({"_id": {"$gt": position}}).sort(
-                "_id", ASCENDING
-            ).limit(limit).to_list()
+            rows = (
+                await db.events.find({"_id": {"$gt": position}})
+                .sort("_id", ASCENDING)
+                .limit(limit)
+                .to_list()
+            )
             ids = sorted({r["task_id"] for r in rows})
-            snapshots = {
-                d["_id"]: task(d) async for d in db.tasks.find({"_id": {"$in": ids}})
-            }
+            snapshots = {d["_id"]: task(d) async for d in db.tasks.find({"_id": {"$in": ids}})}
             events: list[TaskEvent] = []
             cursor = after or position_token(position)
             for row in rows:
@@ -1225,4 +1249,3 @@ class MongoStorage(TaskStorage):
             return sorted(found, key=lambda r: (r.app_id is not None, r.app_id or "", r.task_type))
 
         return await self._guard(run())
-
