@@ -73,7 +73,9 @@ def start_nx() -> str:
     if not _wait_listening(port, 30):
         process.kill()
         raise RuntimeError(f"nx-27017 did not listen on 127.0.0.1:{port} within 30 s")
-    url = f"mongodb://127.0.0.1:{port}/taskmill?directConnection=true"
+    # nx-27017 runs the transactions of all clients on one SQLite connection, so
+    # concurrent ones are not isolated from each other: serialize them (serializeWrites).
+    url = f"mongodb://127.0.0.1:{port}/taskmill?directConnection=true&serializeWrites=true"
     _started.update(url=url, process=process, data=data)
     return url
 

@@ -18,7 +18,8 @@ from taskmill.errors import InvalidURL
 
 SCHEMES: Final = ("mongodb", "mongodb+srv")
 _NAME: Final = re.compile(r"^[A-Za-z0-9_-]{1,63}$")
-OPTIONS: Final = ("connect_timeout",)
+OPTIONS: Final = ("connect_timeout", "serialize_writes")
+SERIALIZE_PARAM: Final = "serializeWrites"
 _EXPECTED: Final = "mongodb://[user:password@]host[:port][,host...]/database[?driver options]"
 
 
@@ -31,6 +32,13 @@ class MongoOptions:
     connect_timeout: float = 10.0
     """Seconds to find a usable server (and to connect) before an operation gives up
     with :class:`~taskmill.errors.StorageUnavailable`."""
+    serialize_writes: bool = False
+    """Run one transaction at a time across every process (a lock document taken
+    before each). Only for servers whose concurrent transactions are not isolated from
+    each other, as nx-27017's (one SQLite connection per database) are not; MongoDB
+    does not need it. Also ``?serializeWrites=true`` in the URL."""
+    driver_url: str = ""
+    """The URL passed to the driver (taskmill's query options removed)."""
 
 
 def redact(url: str) -> str:
@@ -60,10 +68,26 @@ def parse_url(url: str, options: dict[str, Any]) -> MongoOptions:
             f"unknown mongodb:// option(s) {', '.join(unknown)} for {shown}; "
             f"valid options are: {', '.join(OPTIONS)}"
         )
+    serialize = options.get("serialize_writes", False)
+    driver_url = url
+    base, sep, query = url.partition("?")
+    if sep:
+        kept = []
+        for item in query.split("&"):
+            name, _, value = item.partition("=")
+            if name == SERIALIZE_PARAM:
+                if value.lower() not in ("true", "false", "1", "0"):
+                    raise InvalidURL(f"{SERIALIZE_PARAM} must be true or false in {shown}")
+                serialize = value.lower() in ("true", "1")
+            elif item:
+                kept.append(item)
+        driver_url = base + ("?" + "&".join(kept) if kept else "")
+    if not isinstance(serialize, bool):
+        raise InvalidURL(f"serialize_writes must be True or False, got {serialize!r}")
     try:
         if scheme == "mongodb":  # an SRV URL's hosts are looked up when the client connects
-            parse_uri(url)
-        database = urlsplit(url).path.lstrip("/") or None
+            parse_uri(driver_url)
+        database = urlsplit(driver_url).path.lstrip("/") or None
     except (InvalidURI, ConfigurationError, ValueError) as exc:
         message = str(exc).replace(url, shown)
         raise InvalidURL(
@@ -83,4 +107,10 @@ def parse_url(url: str, options: dict[str, Any]) -> MongoOptions:
         timeout = -1.0
     if not timeout > 0:
         raise InvalidURL(f"connect_timeout must be a number of seconds > 0, got {timeout!r}")
-    return MongoOptions(url=url, database=database, connect_timeout=timeout)
+    return MongoOptions(
+        url=url,
+        database=database,
+        connect_timeout=timeout,
+        serialize_writes=serialize,
+        driver_url=driver_url,
+    )

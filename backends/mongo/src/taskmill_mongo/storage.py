@@ -37,7 +37,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, Final, Self, TypeVar
 
@@ -46,6 +46,7 @@ from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, IndexModel, ReturnD
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import (
+    BulkWriteError,
     ConnectionFailure,
     DuplicateKeyError,
     OperationFailure,
@@ -128,6 +129,7 @@ _RESCUE_PLANS: Final = {case: plan(t) for case, t in RESCUES.items()}
 _CANCEL_PLAN: Final = plan(CANCELLATION)
 _CLOCK_REFRESH: Final = 60.0
 _RACE_RETRIES: Final = 20
+_LOCK_SECONDS: Final = 30.0
 _COLLECTIONS: Final = ("tasks", "attempts", "events", "counters", "suspensions", "handlers")
 
 TASK_INDEXES: Final = [
@@ -250,7 +252,7 @@ class MongoStorage(TaskStorage):
     def _new_client(self) -> AsyncMongoClient[Doc]:
         ms = int(self.options.connect_timeout * 1000)
         return AsyncMongoClient(
-            self.url,
+            self.options.driver_url,
             serverSelectionTimeoutMS=ms,
             connectTimeoutMS=ms,
             appname="taskmill",
@@ -273,6 +275,27 @@ class MongoStorage(TaskStorage):
             raise self._unavailable(exc) from exc
         except PyMongoError as exc:
             raise self._unavailable(exc) from exc
+
+    async def _read(self, work: Coroutine[Any, Any, T]) -> T:
+        """Run a read; with ``serialize_writes`` under the writer lock, since such a
+        server shows other clients' uncommitted writes."""
+        if not self.options.serialize_writes:
+            return await self._guard(work)
+        db = self._database()
+
+        async def locked() -> T:
+            token = await self._lock(db)
+            try:
+                return await work
+            finally:
+                await db.counters.update_one(
+                    {"_id": "writer", "owner": token}, {"$set": {"owner": None}}
+                )
+
+        try:
+            return await self._guard(locked())
+        finally:
+            work.close()
 
     def _database(self) -> AsyncDatabase[Doc]:
         if self._db is None:
@@ -309,6 +332,17 @@ class MongoStorage(TaskStorage):
             return await body(s)
 
         async def run() -> T:
+            if not self.options.serialize_writes:
+                return await attempts()
+            token = await self._lock(db)
+            try:
+                return await attempts()
+            finally:
+                await db.counters.update_one(
+                    {"_id": "writer", "owner": token}, {"$set": {"owner": None}}
+                )
+
+        async def attempts() -> T:
             for _ in range(_RACE_RETRIES):
                 async with client.start_session() as session:
                     try:
@@ -317,12 +351,46 @@ class MongoStorage(TaskStorage):
                         return nothing.value  # type: ignore[no-any-return]
                     except (_Raced, DuplicateKeyError):
                         await asyncio.sleep(0.005)
+                    except BulkWriteError as exc:
+                        errors = exc.details.get("writeErrors", [])
+                        if not errors or any(e.get("code") != 11000 for e in errors):
+                            raise
+                        await asyncio.sleep(0.005)  # a dedupe leader inserted meanwhile
             raise StorageUnavailable(
                 f"MongoDB at {redact(self.url)}: a transaction lost {_RACE_RETRIES} races "
                 "in a row to concurrent writers; try again"
             )
 
         return await self._guard(run())
+
+    async def _lock(self, db: AsyncDatabase[Doc]) -> str:
+        """Take the writer lock (``serialize_writes``): a lock document with an owner
+        and an expiry, so that a holder that died frees it after ``_LOCK_SECONDS``."""
+        token = uuid.uuid4().hex
+        delay = 0.001
+        deadline = time.monotonic() + self.options.connect_timeout + _LOCK_SECONDS
+        while True:
+            now = await self._now()
+            try:
+                got = await db.counters.find_one_and_update(
+                    {
+                        "_id": "writer",
+                        "$or": [{"owner": None}, {"until": {"$lt": now}}],
+                    },
+                    {"$set": {"owner": token, "until": now + int(_LOCK_SECONDS * 1e6)}},
+                    upsert=True,
+                )
+                if got is not None or await db.counters.find_one({"_id": "writer", "owner": token}):
+                    return token
+            except DuplicateKeyError:
+                pass  # held: the upsert found no free lock and the document exists
+            if time.monotonic() > deadline:
+                raise StorageUnavailable(
+                    f"MongoDB at {redact(self.url)}: the writer lock (serialize_writes) "
+                    "stayed taken; try again"
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.02)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -777,7 +845,7 @@ class MongoStorage(TaskStorage):
                     answer[task_id] = None
             return answer
 
-        return await self._guard(run())
+        return await self._read(run())
 
     async def renew_leases(
         self, leases: Sequence[Lease], lease_seconds: float
@@ -901,7 +969,7 @@ class MongoStorage(TaskStorage):
     # -- reading ---------------------------------------------------------------------
 
     async def get(self, task_id: str) -> Task | None:
-        doc = await self._guard(self._database().tasks.find_one({"_id": task_id}))
+        doc = await self._read(self._database().tasks.find_one({"_id": task_id}))
         return None if doc is None else task(doc)
 
     async def query(
@@ -933,7 +1001,7 @@ class MongoStorage(TaskStorage):
             )
             return [task(doc) async for doc in cursor]
 
-        return await self._guard(run())
+        return await self._read(run())
 
     async def summary(self, filter: TaskFilter) -> ProgressSummary:
         db = self._database()
@@ -948,7 +1016,7 @@ class MongoStorage(TaskStorage):
                 counts[TaskStatus(row["_id"])] += int(row["n"])
             return ProgressSummary.from_counts(counts)
 
-        return await self._guard(run())
+        return await self._read(run())
 
     async def attempts(self, task_id: str) -> list[Attempt]:
         db = self._database()
@@ -970,7 +1038,7 @@ class MongoStorage(TaskStorage):
                 async for d in cursor
             ]
 
-        return await self._guard(run())
+        return await self._read(run())
 
     async def next_run_at(self, handlers: Sequence[HandlerKey]) -> datetime | None:
         db = self._database()
@@ -998,7 +1066,7 @@ class MongoStorage(TaskStorage):
                 return from_micros(doc["run_at"])
             return None
 
-        return await self._guard(run())
+        return await self._read(run())
 
     # -- retention -------------------------------------------------------------------
 
@@ -1149,7 +1217,7 @@ class MongoStorage(TaskStorage):
             ]
             return sorted(found, key=lambda sc: (sc.task_type or "", sc.app_id or ""))
 
-        return await self._guard(run())
+        return await self._read(run())
 
     async def read_events(
         self, after: str | None, *, limit: int = 1000
@@ -1188,7 +1256,7 @@ class MongoStorage(TaskStorage):
                     )
             return events, cursor
 
-        return await self._guard(run())
+        return await self._read(run())
 
     async def prune_events(self, older_than: timedelta) -> int:
         db = self._database()
@@ -1212,6 +1280,7 @@ class MongoStorage(TaskStorage):
             db.handlers.replace_one(
                 {"_id": dumps([stored.app_id, stored.task_type])},
                 {
+                    "_id": dumps([stored.app_id, stored.task_type]),
                     "app_id": stored.app_id,
                     "task_type": stored.task_type,
                     "url": stored.url,
@@ -1248,4 +1317,4 @@ class MongoStorage(TaskStorage):
             ]
             return sorted(found, key=lambda r: (r.app_id is not None, r.app_id or "", r.task_type))
 
-        return await self._guard(run())
+        return await self._read(run())
