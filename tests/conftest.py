@@ -33,7 +33,7 @@ T = TypeVar("T")
 # A test past its timeout fails with a stack dump and the run goes on (tests/timeouts.py).
 pytest_plugins = ["tests.timeouts"]
 
-API_BACKENDS = ["memory", "sqlite", "postgres", "mysql"]
+API_BACKENDS = ["memory", "sqlite", "postgres", "mysql", "mongo"]
 
 POSTGRES_URL = os.environ.get(
     "TASKMILL_TEST_POSTGRES_URL", "postgresql://taskmill:taskmill@127.0.0.1:5432/taskmill"
@@ -227,6 +227,14 @@ def url_for(backend: str, tmp_path: Path) -> str:
 
 @pytest.fixture(params=API_BACKENDS)
 def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "mongo":
+        from tests import mongo_server
+
+        require_mongo()
+        database = mongo_server.new_database_name()
+        yield mongo_server.url_for(database)
+        drop_mongo_database(database)
+        return
     if request.param == "mysql":
         require_mysql()
         database = new_schema_name()
@@ -249,7 +257,7 @@ async def tm(backend_url: str) -> AsyncIterator[Taskmill]:
         yield taskmill
 
 
-@pytest.fixture(params=["sqlite", "postgres", "mysql"])
+@pytest.fixture(params=["sqlite", "postgres", "mysql", "mongo"])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh store shared across processes: a SQLite file, or a PostgreSQL schema or
     MySQL database of this test alone (the tests that need real processes or servers
@@ -258,6 +266,8 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path / 'tasks.db'}"
     if request.param == "mysql":
         return str(request.getfixturevalue("mysql_url"))
+    if request.param == "mongo":
+        return str(request.getfixturevalue("mongo_url"))
     return str(request.getfixturevalue("postgres_url"))
 
 
@@ -275,7 +285,7 @@ def mongo_unreachable() -> str | None:
     from tests import mongo_server
 
     try:
-        url = mongo_server.base_url()
+        url = mongo_server.driver_url()
     except RuntimeError as exc:
         return f"no MongoDB test server: {exc}"
 
@@ -314,7 +324,7 @@ def drop_mongo_database(name: str) -> None:
         from pymongo import AsyncMongoClient
 
         client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
-            mongo_server.base_url(), serverSelectionTimeoutMS=5000
+            mongo_server.driver_url(), serverSelectionTimeoutMS=5000
         )
         try:
             await client.drop_database(name)

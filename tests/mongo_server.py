@@ -109,3 +109,10 @@ def url_for(database: str, base: str | None = None) -> str:
 
 def new_database_name() -> str:
     return f"tm_test_{uuid.uuid4().hex[:12]}"
+
+
+def driver_url() -> str:
+    """The server's URL for a raw PyMongo client (taskmill's own query options removed)."""
+    from taskmill_mongo.options import parse_url
+
+    return parse_url(base_url(), {}).driver_url

@@ -30,7 +30,7 @@ class TestMongoStorage(StorageContract):
 
 async def _raw(database: str) -> tuple[AsyncMongoClient[dict[str, Any]], Any]:
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
-        mongo_server.base_url(), serverSelectionTimeoutMS=5000
+        mongo_server.driver_url(), serverSelectionTimeoutMS=5000
     )
     return client, client[database]
 

@@ -1116,91 +1116,104 @@ class MongoStorage(TaskStorage):
             raise ValueError("cancel needs task_ids or a filter")
 
         async def body(s: AsyncClientSession) -> list[Task]:
-            db = self._database()
-            now = await self._now()
-            at = from_micros(now)
-            selected = list(task_ids or ())
-            if filter is not None:
-                query = _filter_query(filter)
-                active = {"status": {"$in": _ACTIVE}}
-                query = {"$and": [query, active]} if query else active
-                selected.extend(
-                    [
-                        d["_id"]
-                        async for d in db.tasks.find(query, {"_id": 1}, session=s).sort("seq", 1)
-                    ]
-                )
-
-            async def children_of(level: list[str]) -> list[tuple[str, str]]:
-                cursor = db.tasks.find(
-                    {"parent_id": {"$in": level}}, {"_id": 1, "parent_id": 1}, session=s
-                ).sort("seq", ASCENDING)
-                return [(d["_id"], d["parent_id"]) async for d in cursor]
-
-            targets = await cancel_targets(selected, children_of if cascade else None)
-            writes = _Writes()
-            changed: list[Task] = []
-            settled: set[str] = set()
-            for task_id in targets:
-                if task_id in settled:
-                    continue
-                doc = await db.tasks.find_one({"_id": task_id}, session=s)
-                if doc is None or doc["status"] not in _ACTIVE:
-                    continue
-                old = task(doc)
-                if not reason.terminal:
-                    if old.status is TaskStatus.RUNNING and old.cancel_reason is None:
-                        new = old.evolve(cancel_reason=reason, updated_at=at)
-                        await self._replace(s, doc, new)
-                        writes.emit(EventKind.CANCEL_REQUESTED, new)
-                        changed.append(new)
-                    continue
-                if old.status is TaskStatus.RUNNING:
-                    writes.attempts.append(
-                        Attempt(
-                            task_id=task_id,
-                            number=old.attempts,
-                            worker_id=old.worker_id or "",
-                            started_at=old.started_at or at,
-                            finished_at=at,
-                            outcome=_CANCELLED_OUTCOME,
-                            error=cancel_error(reason),
-                        )
-                    )
-                before = len(writes.events)
-                new = await self._settle(s, doc, _CANCEL_PLAN, now, writes, cancel_reason=reason)
-                changed.append(new)
-                for _, alias_id, _ in writes.events[before + 1 :]:
-                    settled.add(alias_id)
-                    alias = await db.tasks.find_one({"_id": alias_id}, session=s)
-                    assert alias is not None
-                    changed.append(task(alias))
-            if not changed:
-                raise _Nothing(changed)
-            await self._record(s, writes, now)
-            return changed
+            return await self._cancel_in(s, task_ids, filter, reason, cascade)
 
         return await self._transaction(body)
 
-    async def suspend(self, scope: SuspensionScope) -> int:
+    async def _cancel_in(
+        self,
+        s: AsyncClientSession,
+        task_ids: Sequence[str] | None,
+        filter: TaskFilter | None,
+        reason: CancelReason,
+        cascade: bool,
+    ) -> list[Task]:
+        """``cancel`` inside transaction ``s``."""
         db = self._database()
-        await self._guard(
-            db.suspensions.update_one(
-                {"_id": _scope_id(scope)},
-                {"$set": {"task_type": scope.task_type, "app_id": scope.app_id}},
-                upsert=True,
+        now = await self._now()
+        at = from_micros(now)
+        selected = list(task_ids or ())
+        if filter is not None:
+            query = _filter_query(filter)
+            active = {"status": {"$in": _ACTIVE}}
+            query = {"$and": [query, active]} if query else active
+            selected.extend(
+                [d["_id"] async for d in db.tasks.find(query, {"_id": 1}, session=s).sort("seq", 1)]
             )
-        )
-        query: Doc = {"status": _RUNNING}
-        if scope.task_type is not None:
-            query["task_type"] = scope.task_type
-        if scope.app_id is not None:
-            query["app_id"] = scope.app_id
-        running = [d["_id"] async for d in db.tasks.find(query, {"_id": 1})]
-        if not running:
-            return 0
-        changed = await self.cancel(task_ids=running, reason=CancelReason.SUSPENDED, cascade=False)
-        return len(changed)
+
+        async def children_of(level: list[str]) -> list[tuple[str, str]]:
+            cursor = db.tasks.find(
+                {"parent_id": {"$in": level}}, {"_id": 1, "parent_id": 1}, session=s
+            ).sort("seq", ASCENDING)
+            return [(d["_id"], d["parent_id"]) async for d in cursor]
+
+        targets = await cancel_targets(selected, children_of if cascade else None)
+        writes = _Writes()
+        changed: list[Task] = []
+        settled: set[str] = set()
+        for task_id in targets:
+            if task_id in settled:
+                continue
+            doc = await db.tasks.find_one({"_id": task_id}, session=s)
+            if doc is None or doc["status"] not in _ACTIVE:
+                continue
+            old = task(doc)
+            if not reason.terminal:
+                if old.status is TaskStatus.RUNNING and old.cancel_reason is None:
+                    new = old.evolve(cancel_reason=reason, updated_at=at)
+                    await self._replace(s, doc, new)
+                    writes.emit(EventKind.CANCEL_REQUESTED, new)
+                    changed.append(new)
+                continue
+            if old.status is TaskStatus.RUNNING:
+                writes.attempts.append(
+                    Attempt(
+                        task_id=task_id,
+                        number=old.attempts,
+                        worker_id=old.worker_id or "",
+                        started_at=old.started_at or at,
+                        finished_at=at,
+                        outcome=_CANCELLED_OUTCOME,
+                        error=cancel_error(reason),
+                    )
+                )
+            before = len(writes.events)
+            new = await self._settle(s, doc, _CANCEL_PLAN, now, writes, cancel_reason=reason)
+            changed.append(new)
+            for _, alias_id, _ in writes.events[before + 1 :]:
+                settled.add(alias_id)
+                alias = await db.tasks.find_one({"_id": alias_id}, session=s)
+                assert alias is not None
+                changed.append(task(alias))
+        if not changed:
+            raise _Nothing(changed)
+        await self._record(s, writes, now)
+        return changed
+
+    async def suspend(self, scope: SuspensionScope) -> int:
+        async def body(s: AsyncClientSession) -> int:
+            db = self._database()
+            await db.suspensions.replace_one(
+                {"_id": _scope_id(scope)},
+                {"_id": _scope_id(scope), "task_type": scope.task_type, "app_id": scope.app_id},
+                upsert=True,
+                session=s,
+            )
+            query: Doc = {"status": _RUNNING}
+            if scope.task_type is not None:
+                query["task_type"] = scope.task_type
+            if scope.app_id is not None:
+                query["app_id"] = scope.app_id
+            running = [d["_id"] async for d in db.tasks.find(query, {"_id": 1}, session=s)]
+            if not running:
+                return 0
+            try:
+                changed = await self._cancel_in(s, running, None, CancelReason.SUSPENDED, False)
+            except _Nothing:
+                return 0  # the suspension itself is written: commit it
+            return len(changed)
+
+        return await self._transaction(body)
 
     async def resume(self, scope: SuspensionScope) -> bool:
         db = self._database()
