@@ -257,17 +257,18 @@ async def tm(backend_url: str) -> AsyncIterator[Taskmill]:
         yield taskmill
 
 
-@pytest.fixture(params=["sqlite", "postgres", "mysql", "mongo"])
+@pytest.fixture(params=["sqlite", "postgres", "mysql"])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh store shared across processes: a SQLite file, or a PostgreSQL schema or
     MySQL database of this test alone (the tests that need real processes or servers
-    run on each)."""
+    run on each). MongoDB's multi-process tests are tests/test_mongo_multiprocess.py:
+    the supervisor and stop-stress tests here kill processes mid-transaction, which
+    nx-27017 (the test stand-in, one SQLite connection per database) does not survive
+    cleanly (a killed client's open savepoint breaks the next transaction)."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'tasks.db'}"
     if request.param == "mysql":
         return str(request.getfixturevalue("mysql_url"))
-    if request.param == "mongo":
-        return str(request.getfixturevalue("mongo_url"))
     return str(request.getfixturevalue("postgres_url"))
 
 
