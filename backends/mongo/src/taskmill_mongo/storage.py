@@ -239,6 +239,7 @@ class MongoStorage(TaskStorage):
         self._db: AsyncDatabase[Doc] | None = None
         self._offset = 0.0
         self._clock_at = 0.0
+        self._lock_ready = False
 
     def __repr__(self) -> str:
         return f"MongoStorage({redact(self.url)!r})"
@@ -288,9 +289,7 @@ class MongoStorage(TaskStorage):
             try:
                 return await work
             finally:
-                await db.counters.update_one(
-                    {"_id": "writer", "owner": token}, {"$set": {"owner": None}}
-                )
+                await asyncio.shield(self._unlock(db, token))
 
         try:
             return await self._guard(locked())
@@ -338,9 +337,7 @@ class MongoStorage(TaskStorage):
             try:
                 return await attempts()
             finally:
-                await db.counters.update_one(
-                    {"_id": "writer", "owner": token}, {"$set": {"owner": None}}
-                )
+                await asyncio.shield(self._unlock(db, token))
 
         async def attempts() -> T:
             for _ in range(_RACE_RETRIES):
@@ -363,27 +360,31 @@ class MongoStorage(TaskStorage):
 
         return await self._guard(run())
 
+    @staticmethod
+    async def _unlock(db: AsyncDatabase[Doc], token: str) -> None:
+        """Free the writer lock if ``token`` still holds it (shielded by callers, so a
+        cancelled operation still frees it)."""
+        await db.counters.update_one({"_id": "writer", "owner": token}, {"$set": {"owner": None}})
+
     async def _lock(self, db: AsyncDatabase[Doc]) -> str:
         """Take the writer lock (``serialize_writes``): a lock document with an owner
         and an expiry, so that a holder that died frees it after ``_LOCK_SECONDS``."""
         token = uuid.uuid4().hex
         delay = 0.001
         deadline = time.monotonic() + self.options.connect_timeout + _LOCK_SECONDS
+        if not self._lock_ready:
+            with contextlib.suppress(DuplicateKeyError):  # created by another process
+                if await db.counters.find_one({"_id": "writer"}, {"_id": 1}) is None:
+                    await db.counters.insert_one({"_id": "writer", "owner": None, "until": 0})
+            self._lock_ready = True
         while True:
             now = await self._now()
-            try:
-                got = await db.counters.find_one_and_update(
-                    {
-                        "_id": "writer",
-                        "$or": [{"owner": None}, {"until": {"$lt": now}}],
-                    },
-                    {"$set": {"owner": token, "until": now + int(_LOCK_SECONDS * 1e6)}},
-                    upsert=True,
-                )
-                if got is not None or await db.counters.find_one({"_id": "writer", "owner": token}):
-                    return token
-            except DuplicateKeyError:
-                pass  # held: the upsert found no free lock and the document exists
+            got = await db.counters.find_one_and_update(
+                {"_id": "writer", "$or": [{"owner": None}, {"until": {"$lt": now}}]},
+                {"$set": {"owner": token, "until": now + int(_LOCK_SECONDS * 1e6)}},
+            )
+            if got is not None:
+                return token
             if time.monotonic() > deadline:
                 raise StorageUnavailable(
                     f"MongoDB at {redact(self.url)}: the writer lock (serialize_writes) "
