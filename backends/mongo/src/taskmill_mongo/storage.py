@@ -439,8 +439,13 @@ class MongoStorage(TaskStorage):
                     session=session,
                 )
 
-            async with db.client.start_session() as session:
-                await session.with_transaction(probe)
+            token = await self._lock(db) if self.options.serialize_writes else None
+            try:
+                async with db.client.start_session() as session:
+                    await session.with_transaction(probe)
+            finally:
+                if token is not None:
+                    await asyncio.shield(self._unlock(db, token))
         except OperationFailure as exc:
             if exc.code == 20 or "replica set" in str(exc) or "Transaction" in str(exc):
                 raise StorageUnavailable(
