@@ -33,7 +33,7 @@ T = TypeVar("T")
 # A test past its timeout fails with a stack dump and the run goes on (tests/timeouts.py).
 pytest_plugins = ["tests.timeouts"]
 
-API_BACKENDS = ["memory", "sqlite", "postgres", "mysql"]
+API_BACKENDS = ["memory", "sqlite", "postgres", "mysql", "mongo"]
 
 POSTGRES_URL = os.environ.get(
     "TASKMILL_TEST_POSTGRES_URL", "postgresql://taskmill:taskmill@127.0.0.1:5432/taskmill"
@@ -227,6 +227,14 @@ def url_for(backend: str, tmp_path: Path) -> str:
 
 @pytest.fixture(params=API_BACKENDS)
 def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "mongo":
+        from tests import mongo_server
+
+        require_mongo()
+        database = mongo_server.new_database_name()
+        yield mongo_server.url_for(database)
+        drop_mongo_database(database)
+        return
     if request.param == "mysql":
         require_mysql()
         database = new_schema_name()
@@ -253,7 +261,10 @@ async def tm(backend_url: str) -> AsyncIterator[Taskmill]:
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh store shared across processes: a SQLite file, or a PostgreSQL schema or
     MySQL database of this test alone (the tests that need real processes or servers
-    run on each)."""
+    run on each). MongoDB's multi-process tests are tests/test_mongo_multiprocess.py:
+    the supervisor and stop-stress tests here kill processes mid-transaction, which
+    nx-27017 (the test stand-in, one SQLite connection per database) does not survive
+    cleanly (a killed client's open savepoint breaks the next transaction)."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'tasks.db'}"
     if request.param == "mysql":
@@ -264,3 +275,89 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 # tests/backends/ holds example distributions that run their own tests once built and
 # installed (tests/test_backend_authoring.py); this run does not collect them.
 collect_ignore = ["backends"]
+
+
+# -- MongoDB ------------------------------------------------------------------------------
+
+
+@cache
+def mongo_unreachable() -> str | None:
+    """Why the MongoDB test server cannot be used, or None when it can (checked once)."""
+    from tests import mongo_server
+
+    try:
+        url = mongo_server.driver_url()
+    except RuntimeError as exc:
+        return f"no MongoDB test server: {exc}"
+
+    async def ping() -> None:
+        from pymongo import AsyncMongoClient
+
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+            url, serverSelectionTimeoutMS=5000
+        )
+        try:
+            await client.admin.command("ping")
+        finally:
+            await client.close()
+
+    try:
+        run_sync(ping())
+    except Exception as exc:
+        return f"MongoDB test server unreachable: {exc}"
+    return None
+
+
+def require_mongo() -> str:
+    """The MongoDB test server's base URL; skips (or fails) when it is unreachable."""
+    from tests import mongo_server
+
+    reason = mongo_unreachable()
+    if reason is not None:
+        skip_or_fail("mongo", reason)
+    return mongo_server.base_url()
+
+
+def drop_mongo_database(name: str) -> None:
+    from tests import mongo_server
+
+    async def drop() -> None:
+        from pymongo import AsyncMongoClient
+
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+            mongo_server.driver_url(), serverSelectionTimeoutMS=5000
+        )
+        try:
+            await client.drop_database(name)
+        finally:
+            await client.close()
+
+    run_sync(drop())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_started_mongo() -> Iterator[None]:
+    """Stop the nx-27017 this session started (if it started one), by its pid."""
+    yield
+    from tests import mongo_server
+
+    mongo_server.stop_nx()
+
+
+@pytest.fixture
+def mongo_database() -> Iterator[str]:
+    """A fresh database name on the MongoDB test server, dropped after the test."""
+    from tests import mongo_server
+
+    require_mongo()
+    name = mongo_server.new_database_name()
+    yield name
+    drop_mongo_database(name)
+
+
+@pytest.fixture
+def mongo_url(mongo_database: str) -> str:
+    """The URL of this test's own database on the MongoDB test server."""
+    from tests import mongo_server
+
+    return mongo_server.url_for(mongo_database)

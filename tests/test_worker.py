@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -320,12 +321,20 @@ async def test_handler_concurrency_caps_a_task_type(tm: Taskmill):
 async def test_concurrency_bounds_running_handlers(tm: Taskmill):
     active = 0
     peak = 0
+    full = asyncio.Event()  # set once every slot was busy at one moment
 
     @tm.handler("job")
     async def job(ctx: Context, params: dict) -> None:
         nonlocal active, peak
         active += 1
         peak = max(peak, active)
+        if active == 4:
+            full.set()
+        # Hold the first handlers until the worker filled every slot (a slow store
+        # claims the rest later), so reaching the bound does not depend on timing.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(10):
+                await full.wait()
         await asyncio.sleep(0.01)
         active -= 1
 

@@ -185,6 +185,12 @@ class TaskOperations:
         if not spec.task_type or not isinstance(spec.task_type, str):
             raise InvalidTaskSpec("task_type must be a non-empty string")
         after = _dependencies(spec)
+        if after and not host.storage.capabilities.dependencies:
+            raise InvalidTaskSpec(
+                f"after= needs a store that keeps task dependencies, and"
+                f" {type(host.storage).__name__} does not (docs/backends.md lists each"
+                " backend's gaps); chain the tasks from the handler instead"
+            )
         return NewTask(
             id=str(uuid.uuid4()),
             task_type=spec.task_type,

@@ -96,6 +96,15 @@ class StorageCapabilities:
     """Event cursors (opaque tokens, ordered by ``<``) follow commit order across every
     store object: a reader polling :meth:`TaskStorage.read_events` while others write
     sees each event exactly once, never passing an event that commits later."""
+    dependencies: bool = True
+    """The store keeps task dependencies (:attr:`NewTask.after`, docs/dependencies.md):
+    a dependent is claimed only once its dependencies completed, and is settled in the
+    transaction that ends each of them. A store without it refuses ``after`` at enqueue
+    (:class:`~taskmill.errors.InvalidTaskSpec`, nothing stored)."""
+    global_limits: bool = True
+    """Claims honour :attr:`ClaimRequest.limits` (global rate and concurrency limits,
+    docs/rate-limits.md). A worker refuses to start with limited handlers on a store
+    without it (:class:`~taskmill.errors.ConfigurationError`)."""
     handler_registrations: bool = False
     """The backend keeps :class:`HandlerRegistration` records (the ``*_handler_
     registration`` methods work)."""

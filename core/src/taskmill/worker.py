@@ -350,6 +350,7 @@ class Worker:
             raise RuntimeError("this worker is already running")
         if self.run_schedules and not until_idle:
             self._check_schedules_against_cleanup()
+        self._check_limits_supported()
         self._prepare()
         assert self._stopped is not None
         self._host.attach_worker(self)
@@ -396,6 +397,21 @@ class Worker:
                 self._host.detach_worker(self)
                 self._active = False
                 self._stopped.set()
+
+    def _check_limits_supported(self) -> None:
+        """Refuse to serve handlers with global limits from a store that cannot enforce
+        them in its claims (they would silently not hold)."""
+        storage = self._host.storage
+        if storage.capabilities.global_limits:
+            return
+        limited = sorted(h.task_type for h in self._host.registry if h.limit is not None)
+        if limited:
+            raise ConfigurationError(
+                f"handlers {', '.join(map(repr, limited))} have rate_limit or"
+                f" global_concurrency, but {type(storage).__name__} cannot enforce global"
+                " limits in its claims (docs/backends.md lists each backend's gaps);"
+                " remove those options or use another store"
+            )
 
     def _check_schedules_against_cleanup(self) -> None:
         """Refuse a ``cleanup_older_than`` that could delete a fire a starting

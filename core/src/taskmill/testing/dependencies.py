@@ -33,6 +33,7 @@ async def _status(storage: TaskStorage, task_id: str) -> Task:
 class DependencyContract:
     """Dependencies hold on every backend: waiting, release, cancellation, policies."""
 
+    @requires("dependencies")
     async def test_a_dependent_waits_until_its_dependency_completes(
         self, storage: TaskStorage
     ) -> None:
@@ -51,6 +52,7 @@ class DependencyContract:
         claimed = await storage.claim_batch(claim("b"))
         assert [t.id for t in claimed] == [second.id]
 
+    @requires("dependencies")
     async def test_every_dependency_must_complete(self, storage: TaskStorage) -> None:
         one, two = await storage.enqueue([new_task("a"), new_task("a")])
         (last,) = await storage.enqueue([new_task("b", after=(one.id, two.id))])
@@ -62,6 +64,7 @@ class DependencyContract:
         await storage.finish_batch([finish(second)])
         assert [t.id for t in await storage.claim_batch(claim("b"))] == [last.id]
 
+    @requires("dependencies")
     async def test_a_failed_dependency_cancels_its_dependents_naming_it(
         self, storage: TaskStorage
     ) -> None:
@@ -81,6 +84,7 @@ class DependencyContract:
         assert await storage.claim_batch(claim("b", "c")) == []
         assert await storage.attempts(second.id) == []
 
+    @requires("dependencies")
     async def test_after_policy_always_runs_after_a_failure(self, storage: TaskStorage) -> None:
         (first,) = await storage.enqueue([new_task("a", max_retries=0)])
         (second,) = await storage.enqueue([new_task("b", after=(first.id,), after_always=True)])
@@ -89,6 +93,7 @@ class DependencyContract:
         await storage.finish_batch([finish(running, FinishKind.FAIL, error="boom")])
         assert [t.id for t in await storage.claim_batch(claim("b"))] == [second.id]
 
+    @requires("dependencies")
     async def test_cancelling_a_dependency_cancels_its_dependents(
         self, storage: TaskStorage
     ) -> None:
@@ -101,6 +106,7 @@ class DependencyContract:
         assert (await _status(storage, kept.id)).status is TaskStatus.CANCELLED
         assert [t.id for t in await storage.claim_batch(claim("b", "c"))] == [always.id]
 
+    @requires("dependencies")
     async def test_a_rescue_that_gives_up_cancels_dependents(self, storage: TaskStorage) -> None:
         (first,) = await storage.enqueue([new_task("a", max_retries=0)])
         (second,) = await storage.enqueue([new_task("b", after=(first.id,))])
@@ -109,6 +115,7 @@ class DependencyContract:
         assert (await _status(storage, first.id)).status is TaskStatus.FAILED
         assert (await _status(storage, second.id)).status is TaskStatus.CANCELLED
 
+    @requires("dependencies")
     async def test_unknown_or_foreign_dependencies_are_refused_storing_nothing(
         self, storage: TaskStorage
     ) -> None:
@@ -120,6 +127,7 @@ class DependencyContract:
             await storage.enqueue([new_task("b", after=(other_app.id,))])
         assert await storage.summary(TaskFilter()) == before
 
+    @requires("dependencies")
     async def test_dependencies_already_ended_are_resolved_at_once(
         self, storage: TaskStorage
     ) -> None:
@@ -141,6 +149,7 @@ class DependencyContract:
         claimed = await storage.claim_batch(claim("b", "c"))
         assert {t.id for t in claimed} == {ready.id, anyway.id}
 
+    @requires("dependencies")
     async def test_an_alias_dependency_follows_its_leader(self, storage: TaskStorage) -> None:
         (leader,) = await storage.enqueue([new_task("a", dedupe_key="k")])
         (alias,) = await storage.enqueue([new_task("a", dedupe_key="k")])
@@ -151,6 +160,7 @@ class DependencyContract:
         assert (await _status(storage, alias.id)).status is TaskStatus.COMPLETED
         assert [t.id for t in await storage.claim_batch(claim("b"))] == [dependent.id]
 
+    @requires("dependencies")
     async def test_redriving_a_failed_dependency_leaves_cancelled_dependents(
         self, storage: TaskStorage
     ) -> None:
@@ -165,6 +175,7 @@ class DependencyContract:
         await storage.retry(second.id)
         assert [t.id for t in await storage.claim_batch(claim("b"))] == [second.id]
 
+    @requires("dependencies")
     async def test_a_redriven_dependent_waits_for_dependencies_still_unfinished(
         self, storage: TaskStorage
     ) -> None:
@@ -178,6 +189,7 @@ class DependencyContract:
         await storage.finish_batch([finish(await _run(storage, "s"))])
         assert [t.id for t in await storage.claim_batch(claim("b"))] == [dependent.id]
 
+    @requires("dependencies")
     async def test_release_and_cancellation_are_events(self, storage: TaskStorage) -> None:
         _, cursor = await storage.read_events(None)
         first, bad = await storage.enqueue([new_task("a"), new_task("f", max_retries=0)])
@@ -193,6 +205,7 @@ class DependencyContract:
         assert (EventKind.CANCELLED, cancelled.id, TaskStatus.CANCELLED) in seen
         assert (EventKind.RELEASED, cancelled.id, TaskStatus.PENDING) not in seen
 
+    @requires("dependencies")
     async def test_a_chain_runs_in_order(self, storage: TaskStorage) -> None:
         ids: list[str] = []
         for _ in range(40):
@@ -206,6 +219,7 @@ class DependencyContract:
             await storage.finish_batch([finish(claimed[0])])
         assert ran == ids
 
+    @requires("dependencies")
     @requires("shared_between_processes")
     async def test_a_dependency_ending_during_the_enqueue_loses_no_release(
         self, storage: TaskStorage, storage_factory: StorageFactory

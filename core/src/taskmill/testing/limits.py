@@ -39,6 +39,7 @@ def limited(
 class LimitContract:
     """Rate buckets and global RUNNING caps hold inside one claim, on the store's state."""
 
+    @requires("global_limits")
     async def test_rate_limit_allows_one_burst_then_nothing(self, storage: TaskStorage) -> None:
         await storage.enqueue([new_task() for _ in range(8)])
         first = await storage.claim_batch(limited(claim(limit=10), rate="5/min"))
@@ -49,6 +50,7 @@ class LimitContract:
         rest = await storage.claim_batch(claim(limit=10))
         assert len(rest) == 3
 
+    @requires("global_limits")
     async def test_rate_bucket_refills_at_the_rate(self, storage: TaskStorage) -> None:
         await storage.enqueue([new_task() for _ in range(200)])
         request = limited(claim(limit=200), rate="20/s")
@@ -63,6 +65,7 @@ class LimitContract:
         # (+1 for a token completed at the edge), and the refill did happen.
         assert 25 <= taken <= 20 + 20 * elapsed + 1
 
+    @requires("global_limits")
     async def test_limited_type_does_not_starve_others_in_the_claim(
         self, storage: TaskStorage
     ) -> None:
@@ -71,12 +74,14 @@ class LimitContract:
         got = await storage.claim_batch(limited(claim("job", "other", limit=10), rate="2/h"))
         assert sorted(t.task_type for t in got) == ["job", "job", "other", "other", "other"]
 
+    @requires("global_limits")
     async def test_claim_order_holds_within_the_limit(self, storage: TaskStorage) -> None:
         low = await storage.enqueue([new_task(priority=1) for _ in range(2)])
         high = await storage.enqueue([new_task(priority=7) for _ in range(2)])
         got = await storage.claim_batch(limited(claim(limit=10), rate="3/h"))
         assert [t.id for t in got] == [high[0].id, high[1].id, low[0].id]
 
+    @requires("global_limits")
     async def test_global_concurrency_caps_running_tasks(self, storage: TaskStorage) -> None:
         await storage.enqueue([new_task() for _ in range(5)])
         first = await storage.claim_batch(limited(claim(limit=10), max_running=2))
@@ -87,6 +92,7 @@ class LimitContract:
         (next_one,) = await storage.claim_batch(again)
         assert next_one.status is TaskStatus.RUNNING
 
+    @requires("global_limits")
     async def test_expired_lease_frees_a_global_slot(self, storage: TaskStorage) -> None:
         await storage.enqueue([new_task() for _ in range(2)])
         (held,) = await storage.claim_batch(limited(claim(lease=0.2), max_running=1))
@@ -96,6 +102,7 @@ class LimitContract:
         (freed,) = await wait_until(lambda: storage.claim_batch(request))
         assert freed.id != held.id
 
+    @requires("global_limits")
     async def test_app_scoped_limit_covers_only_that_app(self, storage: TaskStorage) -> None:
         await storage.enqueue([new_task(app_id="a") for _ in range(3)])
         await storage.enqueue([new_task(app_id="b") for _ in range(3)])
@@ -103,6 +110,7 @@ class LimitContract:
         got = await storage.claim_batch(limited(request, ("a", "job"), max_running=1))
         assert sorted(t.app_id or "" for t in got) == ["a", "b", "b", "b"]
 
+    @requires("global_limits")
     async def test_host_key_limit_covers_every_app_of_the_type(self, storage: TaskStorage) -> None:
         await storage.enqueue([new_task(app_id="a"), new_task(app_id="b"), new_task()])
         (one,) = await storage.claim_batch(limited(claim(limit=10), max_running=1))
@@ -110,6 +118,7 @@ class LimitContract:
         assert await storage.claim_batch(limited(claim(limit=10), max_running=2)) == []
         assert one.status is TaskStatus.RUNNING
 
+    @requires("global_limits")
     @requires("shared_between_processes")
     async def test_rate_bucket_is_shared_between_stores(
         self, storage: TaskStorage, storage_factory: StorageFactory
@@ -120,6 +129,7 @@ class LimitContract:
         b = await other.claim_batch(limited(claim(worker="w2", limit=10), rate="5/h"))
         assert (len(a), len(b)) == (3, 2)
 
+    @requires("global_limits")
     @requires("shared_between_processes")
     async def test_global_concurrency_holds_across_racing_stores(
         self, storage: TaskStorage, storage_factory: StorageFactory

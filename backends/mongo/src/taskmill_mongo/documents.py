@@ -1,0 +1,116 @@
+"""Task documents: how a :class:`~taskmill.model.Task` is stored, and back.
+
+Timestamps are whole microseconds since the epoch (int64), so a snapshot read back equals
+the one written (BSON dates keep milliseconds only). ``params``, ``data`` and ``result``
+are stored as the JSON text the core serialized: MongoDB restricts field names (``$``
+prefixes and ``.`` inside are refused or unreachable by update operators on many
+versions), and a task's params may use any JSON key, so they are kept faithfully as text.
+``leader_key`` is set only while the task is an active dedupe leader: the unique partial
+index on it makes two leaders of one key impossible, whatever the processes race.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from taskmill.model import CancelReason, Progress, Task, TaskStatus
+from taskmill.serialization import dumps, loads
+
+__all__ = ["from_micros", "leader_key", "micros", "task", "task_document"]
+
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_STATUS: Final = {s.value: s for s in TaskStatus}
+_REASON: Final = {r.value: r for r in CancelReason}
+
+
+def micros(value: datetime) -> int:
+    """``value`` as whole microseconds since the epoch."""
+    delta = value - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def from_micros(value: int) -> datetime:
+    """A stored timestamp as a tz-aware UTC datetime."""
+    return datetime.fromtimestamp(value // 1_000_000, UTC).replace(microsecond=value % 1_000_000)
+
+
+def _opt_time(value: int | None) -> datetime | None:
+    return None if value is None else from_micros(value)
+
+
+def _opt_micros(value: datetime | None) -> int | None:
+    return None if value is None else micros(value)
+
+
+def leader_key(app_id: str | None, task_type: str, dedupe_key: str) -> str:
+    """The value of ``leader_key`` for a leader of ``(app_id, task_type, dedupe_key)``
+    (a JSON array, so no choice of the three strings can collide with another)."""
+    return dumps([app_id, task_type, dedupe_key])
+
+
+def task_document(task: Task, seq: int) -> dict[str, Any]:
+    """The document stored for ``task`` at insertion place ``seq``."""
+    doc: dict[str, Any] = {
+        "_id": task.id,
+        "seq": seq,
+        "task_type": task.task_type,
+        "status": task.status.value,
+        "created_at": micros(task.created_at),
+        "run_at": micros(task.run_at),
+        "updated_at": micros(task.updated_at),
+        "app_id": task.app_id,
+        "params": dumps(task.params),
+        "data": dumps(task.data),
+        "priority": task.priority,
+        "attempts": task.attempts,
+        "max_retries": task.max_retries,
+        "result": None if task.result is None else dumps(task.result),
+        "error": task.error,
+        "progress": [task.progress.done, task.progress.total, task.progress.message],
+        "dedupe_key": task.dedupe_key,
+        "alias_of": task.alias_of,
+        "parent_id": task.parent_id,
+        "user_id": task.user_id,
+        "cancel_reason": None if task.cancel_reason is None else task.cancel_reason.value,
+        "started_at": _opt_micros(task.started_at),
+        "finished_at": _opt_micros(task.finished_at),
+        "worker_id": task.worker_id,
+        "lease_expires_at": _opt_micros(task.lease_expires_at),
+    }
+    if task.dedupe_key is not None and task.alias_of is None and task.status.active:
+        doc["leader_key"] = leader_key(task.app_id, task.task_type, task.dedupe_key)
+    return doc
+
+
+def task(doc: dict[str, Any]) -> Task:
+    """The snapshot a stored document holds."""
+    done, total, message = doc["progress"]
+    result = doc["result"]
+    reason = doc["cancel_reason"]
+    return Task(
+        id=doc["_id"],
+        task_type=doc["task_type"],
+        status=_STATUS[doc["status"]],
+        created_at=from_micros(doc["created_at"]),
+        run_at=from_micros(doc["run_at"]),
+        updated_at=from_micros(doc["updated_at"]),
+        app_id=doc["app_id"],
+        params=loads(doc["params"]),
+        data=loads(doc["data"]),
+        priority=doc["priority"],
+        attempts=doc["attempts"],
+        max_retries=doc["max_retries"],
+        result=None if result is None else loads(result),
+        error=doc["error"],
+        progress=Progress(done=done, total=total, message=message),
+        dedupe_key=doc["dedupe_key"],
+        alias_of=doc["alias_of"],
+        parent_id=doc["parent_id"],
+        user_id=doc["user_id"],
+        cancel_reason=None if reason is None else _REASON[reason],
+        started_at=_opt_time(doc["started_at"]),
+        finished_at=_opt_time(doc["finished_at"]),
+        worker_id=doc["worker_id"],
+        lease_expires_at=_opt_time(doc["lease_expires_at"]),
+    )

@@ -1,0 +1,237 @@
+"""Several real processes on one MongoDB database (nx-27017 in CI): exactly-once execution by
+three worker processes, a ``kill -9`` rescued by another worker, a cancel reaching
+another process, dedupe and ``migrate`` raced from four processes, and a server restart
+in the middle of a run (only when ``$TASKMILL_TEST_MONGO_RESTART`` holds the command
+that restarts the server of ``$TASKMILL_TEST_MONGO_URL``).
+
+The workers are ``tests/worker_process.py`` (the script the SQLite and PostgreSQL tests
+run); handlers append a line per run to an ``O_APPEND`` log, so the tests count exactly
+how often each handler ran, and in which process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from taskmill import AttemptOutcome, TaskFilter, Taskmill, TaskStatus
+from taskmill.errors import StorageUnavailable
+from taskmill.testing import wait_until
+from taskmill_mongo import SCHEMA_VERSION, MongoStorage
+
+from tests.test_multiprocess_sqlite import Cluster, lines_appear, wait_exit
+
+pytestmark = pytest.mark.slow
+
+RESTART_VARIABLE = "TASKMILL_TEST_MONGO_RESTART"
+"""Holds the shell command that restarts the server of ``$TASKMILL_TEST_MONGO_URL``;
+without it the restart test is skipped."""
+
+
+@pytest.fixture
+def cluster(mongo_url: str, tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(mongo_url, tmp_path / "runs.log")
+    yield c
+    c.close()
+
+
+async def test_three_worker_processes_run_600_tasks_each_exactly_once(
+    cluster: Cluster, tmp_path: Path
+):
+    total = 600
+    async with Taskmill(cluster.url, plugins=False) as tm:
+        tasks = await tm.enqueue_many(
+            [{"task_type": "record", "params": {"sleep": 0.005}} for _ in range(total)]
+        )
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    procs = [
+        cluster.start(
+            "--until-idle", "--concurrency", "8", "--barrier", str(barrier), "--parties", "3"
+        )
+        for _ in range(3)
+    ]
+    for proc in procs:
+        await asyncio.to_thread(wait_exit, proc, 180)
+
+    runs = cluster.lines("ran")
+    counts = Counter(row[0] for row in runs)
+    assert set(counts) == {t.id for t in tasks}
+    assert max(counts.values()) == 1, [k for k, v in counts.items() if v > 1]
+    assert len({row[1] for row in runs}) == 3, "every worker process took part"
+    async with Taskmill(cluster.url, plugins=False) as tm:
+        summary = await tm.progress_summary()
+        assert summary.completed == total and summary.total == total
+        done = await tm.query(TaskFilter(), limit=total)
+        assert all(t.attempts == 1 for t in done)
+
+
+async def test_a_killed_workers_task_is_completed_by_another_with_the_attempt_counted(
+    cluster: Cluster,
+):
+    async with Taskmill(cluster.url, plugins=False) as tm:
+        task = await tm.enqueue("block-first", max_retries=3)
+        victim = cluster.start("--lease", "1.0")
+        await lines_appear(cluster, "started", 1, timeout=30)
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait(10)
+        held = await tm.get(task.id)
+        assert held is not None and held.status is TaskStatus.RUNNING
+
+        rescuer = cluster.start("--lease", "1.0", "--rescue-interval", "0.2")
+        done = await tm.wait(task.id, timeout=30)
+        rescuer.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(wait_exit, rescuer, 30)
+
+        assert done.status is TaskStatus.COMPLETED
+        assert done.result == rescuer.pid
+        assert done.attempts == 2
+        log = await tm.attempts(task.id)
+        assert [a.outcome for a in log] == [AttemptOutcome.LOST, AttemptOutcome.COMPLETED]
+        assert log[0].worker_id.split(":")[1] == str(victim.pid)
+
+
+async def test_a_cancel_from_this_process_stops_a_handler_in_another(cluster: Cluster):
+    async with Taskmill(cluster.url, plugins=False) as tm:
+        task = await tm.enqueue("steps", {"steps": 600})
+        proc = cluster.start()
+        await lines_appear(cluster, "started", 1, timeout=30)
+        await tm.cancel(task.id)
+        await lines_appear(cluster, "stopped", 1, timeout=15)
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(wait_exit, proc, 30)
+        done = await tm.get(task.id)
+        assert done is not None and done.status is TaskStatus.CANCELLED
+        assert cluster.lines("ran") == []
+
+
+_READY_THEN = """
+import asyncio, sys
+from taskmill import Taskmill
+from taskmill_mongo import MongoStorage
+
+async def main():
+    sys.stdout.write("ready\\n"); sys.stdout.flush()
+    sys.stdin.readline()
+{body}
+
+asyncio.run(main())
+"""
+_DEDUPE = _READY_THEN.format(
+    body=(
+        "    async with Taskmill(sys.argv[1], plugins=False) as tm:\n"
+        "        for _ in range(25):\n"
+        "            await tm.enqueue('render', {'page': 1}, dedupe_key='page-1')\n"
+        "    print('done')"
+    )
+)
+_MIGRATE = _READY_THEN.format(body="    print(await MongoStorage.from_url(sys.argv[1]).migrate())")
+
+
+def _run_together(script: str, *args: str, processes: int) -> list[str]:
+    """Start ``processes`` runs of ``script``, release them at once, return the last
+    line each printed."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(processes)
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        outputs = [proc.communicate(timeout=120) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for proc, (_, err) in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, err
+    return [out.strip().splitlines()[-1] for out, _ in outputs]
+
+
+async def test_concurrent_enqueues_of_one_dedupe_key_from_four_processes_make_one_leader(
+    mongo_url: str,
+):
+    async with Taskmill(mongo_url, plugins=False):
+        pass  # create the schema once, so the processes race on enqueue only
+    assert await asyncio.to_thread(_run_together, _DEDUPE, mongo_url, processes=4) == ["done"] * 4
+    async with Taskmill(mongo_url, plugins=False) as tm:
+        tasks = await tm.query(limit=1000)
+    leaders = [t for t in tasks if t.alias_of is None]
+    assert len(tasks) == 100
+    assert len(leaders) == 1
+    assert all(t.alias_of == leaders[0].id for t in tasks if t is not leaders[0])
+
+
+async def test_concurrent_migrations_from_four_processes_leave_one_schema(mongo_url: str):
+    results = await asyncio.to_thread(_run_together, _MIGRATE, mongo_url, processes=4)
+    assert results == [str(SCHEMA_VERSION)] * 4
+    store = MongoStorage.from_url(mongo_url)
+    await store.open()
+    try:
+        assert await store.exists()
+        assert await store.migrate() == SCHEMA_VERSION
+    finally:
+        await store.close()
+
+
+async def _completed_when_reachable(url: str) -> int | None:
+    try:
+        async with Taskmill(url, plugins=False) as tm:
+            return (await tm.progress_summary()).completed
+    except StorageUnavailable:
+        return None
+
+
+@pytest.mark.restarts_server(RESTART_VARIABLE)
+async def test_a_server_restart_mid_run_loses_nothing_and_runs_nothing_twice(
+    cluster: Cluster,
+):
+    total = 600
+    async with Taskmill(cluster.url, plugins=False) as tm:
+        tasks = await tm.enqueue_many(
+            [{"task_type": "record", "params": {"sleep": 0.1}} for _ in range(total)]
+        )
+    # A lease well beyond the outage: a task whose handler ran must not be rescued and
+    # run again while its worker waits to write the outcome.
+    procs = [cluster.start("--concurrency", "4", "--lease", "20") for _ in range(3)]
+    await lines_appear(cluster, "ran", 60, timeout=60)
+    restarted = await asyncio.to_thread(
+        subprocess.run,
+        ["bash", "-c", os.environ[RESTART_VARIABLE]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert restarted.returncode == 0, restarted.stderr
+    assert len(cluster.lines("ran")) < total, "the restart came too late to interrupt the run"
+
+    async def all_completed() -> bool:
+        return await _completed_when_reachable(cluster.url) == total
+
+    await wait_until(all_completed, timeout=180, interval=0.5)  # fails past 180 s
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        await asyncio.to_thread(wait_exit, proc, 60)
+    counts = Counter(row[0] for row in cluster.lines("ran"))
+    assert set(counts) == {t.id for t in tasks}
+    twice = [k for k, v in counts.items() if v > 1]
+    assert twice == [], f"{len(twice)} handlers ran twice"
