@@ -164,3 +164,23 @@ async def test_concurrent_migrations_leave_one_schema(mongo_url: str):
         assert await stores[0].get(task.id) == task
     finally:
         await stores[0].close()
+
+
+async def test_what_the_store_lacks_is_refused_clearly_storing_nothing(mongo_url: str):
+    """MongoDB declares it lacks dependencies and global limits: ``after=`` is refused at
+    enqueue (nothing stored) and a worker with limited handlers refuses to start."""
+    from taskmill import ConfigurationError, InvalidTaskSpec, Taskmill
+
+    async with Taskmill(mongo_url, plugins=False) as tm:
+        first = await tm.enqueue("t")
+        with pytest.raises(InvalidTaskSpec, match="keeps task dependencies"):
+            await tm.enqueue("t", after=[first.id])
+        assert [t.id for t in await tm.query()] == [first.id]
+
+        @tm.handler("limited", rate_limit="5/s")
+        async def limited(ctx: Any, params: dict[str, Any]) -> None:
+            return None
+
+        with pytest.raises(ConfigurationError, match="cannot enforce global limits"):
+            await tm.worker().run_until_idle()
+        assert (await tm.get(first.id)).status.value == "pending"  # type: ignore[union-attr]

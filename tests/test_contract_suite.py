@@ -21,6 +21,7 @@ from taskmill.backends.sqlite import SQLiteStorage
 from taskmill.storage import StorageCapabilities, TaskStorage
 from taskmill.testing import StorageContract, requires
 from taskmill.testing.capabilities import CAPABILITIES, required_capabilities
+from taskmill_mongo import MongoStorage
 from taskmill_mysql import MySQLStorage
 from taskmill_postgres import PostgresStorage
 
@@ -228,6 +229,7 @@ def _documented_gaps() -> dict[str, set[str]]:
         ("sqlite:///", SQLiteStorage),
         ("postgresql://", PostgresStorage),
         ("mysql://", MySQLStorage),
+        ("mongodb://", MongoStorage),
     ],
 )
 def test_docs_list_exactly_the_capabilities_each_backend_lacks(

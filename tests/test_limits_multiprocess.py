@@ -23,9 +23,9 @@ from tests.test_multiprocess_sqlite import Cluster, wait_exit
 pytestmark = pytest.mark.slow
 
 RATE = 20
-"""Starts per second of ``rated`` (the workers' default ``--rate-limit 20/s``)."""
+"""Starts per second of ``rated`` (the workers are started with ``--rate-limit 20/s``)."""
 MAX_RUNNING = 3
-"""The workers' default ``--global-concurrency``."""
+"""The workers' ``--global-concurrency``."""
 SLACK = 3
 """Starts allowed above the bound in a window: a start is logged a moment after its
 claim, so windows measured on the log may look a little shorter than on the store."""
@@ -75,7 +75,18 @@ async def test_three_processes_share_a_rate_limit_and_a_global_cap(
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     procs = [
-        cluster.start("--concurrency", "4", "--barrier", str(barrier), "--parties", "3")
+        cluster.start(
+            "--concurrency",
+            "4",
+            "--barrier",
+            str(barrier),
+            "--parties",
+            "3",
+            "--rate-limit",
+            f"{RATE}/s",
+            "--global-concurrency",
+            str(MAX_RUNNING),
+        )
         for _ in range(3)
     ]
 

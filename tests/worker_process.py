@@ -31,22 +31,26 @@ def record(log: Path, *fields: object) -> None:
 
 
 def build(
-    url: str, log: Path, *, rate_limit: str = "20/s", global_concurrency: int = 3
+    url: str, log: Path, *, rate_limit: str | None = None, global_concurrency: int | None = None
 ) -> Taskmill:
     tm = Taskmill(url, plugins=False)
     pid = os.getpid()
 
-    @tm.handler("rated", rate_limit=rate_limit)
-    async def rated(ctx: Context, params: dict) -> int:
-        record(log, "rated", ctx.task.id, pid, time.time())
-        return pid
+    if rate_limit is not None:
 
-    @tm.handler("capped", global_concurrency=global_concurrency)
-    async def capped(ctx: Context, params: dict) -> int:
-        record(log, "capped-start", ctx.task.id, pid, time.time())
-        await asyncio.sleep(params.get("sleep", 0))
-        record(log, "capped-end", ctx.task.id, pid, time.time())
-        return pid
+        @tm.handler("rated", rate_limit=rate_limit)
+        async def rated(ctx: Context, params: dict) -> int:
+            record(log, "rated", ctx.task.id, pid, time.time())
+            return pid
+
+    if global_concurrency is not None:
+
+        @tm.handler("capped", global_concurrency=global_concurrency)
+        async def capped(ctx: Context, params: dict) -> int:
+            record(log, "capped-start", ctx.task.id, pid, time.time())
+            await asyncio.sleep(params.get("sleep", 0))
+            record(log, "capped-end", ctx.task.id, pid, time.time())
+            return pid
 
     @tm.handler("record")
     async def record_run(ctx: Context, params: dict) -> int:
@@ -124,8 +128,10 @@ async def main(argv: list[str]) -> None:
         metavar="NAME:SECONDS",
         help="fire the tick handler every SECONDS (the worker runs the scheduler)",
     )
-    parser.add_argument("--rate-limit", default="20/s")
-    parser.add_argument("--global-concurrency", type=int, default=3)
+    # The limited handlers (rated, capped) exist only when asked for: a store without
+    # global limits refuses to serve them.
+    parser.add_argument("--rate-limit", default=None)
+    parser.add_argument("--global-concurrency", type=int, default=None)
     args = parser.parse_args(argv)
 
     tm = build(
