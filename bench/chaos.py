@@ -32,7 +32,6 @@ import json
 import os
 import platform
 import random
-import shlex
 import signal
 import subprocess
 import sys
@@ -293,7 +292,7 @@ async def run_round(config: ChaosConfig, workdir: Path) -> RoundResult:
                     and result.restarts < config.restarts
                 ):
                     await asyncio.to_thread(
-                        subprocess.run, shlex.split(config.restart), check=True, timeout=120
+                        subprocess.run, ["bash", "-c", config.restart], check=True, timeout=120
                     )
                     result.restarts += 1
                     assert restart_every is not None
