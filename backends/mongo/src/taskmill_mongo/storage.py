@@ -133,6 +133,9 @@ _CANCEL_PLAN: Final = plan(CANCELLATION)
 _CLOCK_REFRESH: Final = 60.0
 _RACE_RETRIES: Final = 20
 _LOCK_SECONDS: Final = 30.0
+# How long a waiter's claim to be the writer lock's next owner lasts without a renewal
+# (it renews on every poll, at most every 20 ms).
+_NEXT_SECONDS: Final = 2.0
 _COLLECTIONS: Final = ("tasks", "attempts", "events", "counters", "suspensions", "handlers")
 
 TASK_INDEXES: Final = [
@@ -373,20 +376,42 @@ class MongoStorage(TaskStorage):
 
     async def _lock(self, db: AsyncDatabase[Doc]) -> str:
         """Take the writer lock (``serialize_writes``): a lock document with an owner
-        and an expiry, so that a holder that died frees it after ``_LOCK_SECONDS``."""
+        and an expiry, so that a holder that died frees it after ``_LOCK_SECONDS``.
+
+        The lock is handed over fairly: a waiter that finds it taken registers as the
+        next owner (``next``, kept alive while it polls), and nobody else may take the
+        free lock before it. Without that, a store that locks in a tight loop (a
+        poller, say) retakes the lock in the instant after each release, and a waiter
+        polling every few milliseconds starves until its deadline."""
         token = uuid.uuid4().hex
         delay = 0.001
         deadline = time.monotonic() + self.options.connect_timeout + _LOCK_SECONDS
         if not self._lock_ready:
             with contextlib.suppress(DuplicateKeyError):  # created by another process
                 if await db.counters.find_one({"_id": "writer"}, {"_id": 1}) is None:
-                    await db.counters.insert_one({"_id": "writer", "owner": None, "until": 0})
+                    await db.counters.insert_one(
+                        {"_id": "writer", "owner": None, "until": 0, "next": None, "next_until": 0}
+                    )
             self._lock_ready = True
         while True:
             now = await self._now()
+            not_promised = {"$or": [{"next": None}, {"next": token}, {"next_until": {"$lt": now}}]}
             got = await db.counters.find_one_and_update(
-                {"_id": "writer", "$or": [{"owner": None}, {"until": {"$lt": now}}]},
-                {"$set": {"owner": token, "until": now + int(_LOCK_SECONDS * 1e6)}},
+                {
+                    "_id": "writer",
+                    "$and": [
+                        {"$or": [{"owner": None}, {"until": {"$lt": now}}]},
+                        not_promised,
+                    ],
+                },
+                {
+                    "$set": {
+                        "owner": token,
+                        "until": now + int(_LOCK_SECONDS * 1e6),
+                        "next": None,
+                        "next_until": 0,
+                    }
+                },
             )
             if got is not None:
                 return token
@@ -395,6 +420,12 @@ class MongoStorage(TaskStorage):
                     f"MongoDB at {redact(self.url)}: the writer lock (serialize_writes) "
                     "stayed taken; try again"
                 )
+            # Queue as the next owner (or stay queued): a promise that lapses when its
+            # waiter stops polling, so a waiter that died does not hold others up.
+            await db.counters.update_one(
+                {"_id": "writer", **not_promised},
+                {"$set": {"next": token, "next_until": now + int(_NEXT_SECONDS * 1e6)}},
+            )
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.02)
 
