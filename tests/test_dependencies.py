@@ -1,6 +1,7 @@
 """Task dependencies through the public API (docs/dependencies.md): ``after=`` and
-``after_policy`` on ``enqueue``, ``enqueue_many`` and ``AppTasks``, and a chain of 1,000
-tasks run by a real worker on SQLite and PostgreSQL (200 on MongoDB, whose CI server,
+``after_policy`` on ``enqueue``, ``enqueue_many`` and ``AppTasks`` (on every backend,
+through the ``tm`` fixture), and a chain of 1,000
+tasks run by a real worker on SQLite and PostgreSQL (100 on MongoDB, whose CI server,
 nx-27017, is a slow stand-in), and by three worker processes on PostgreSQL and MongoDB.
 
 The storage semantics themselves are the contract suite's
@@ -19,45 +20,44 @@ from taskmill import Context, InvalidTaskSpec, Taskmill, TaskStatus
 from taskmill.model import CancelReason, TaskFilter
 
 CHAIN = 1000
-MONGO_CHAIN = 200
+MONGO_CHAIN = 100
 
 
-async def test_after_waits_and_policies_hold_through_the_api() -> None:
+async def test_after_waits_and_policies_hold_through_the_api(tm: Taskmill) -> None:
     ran: list[str] = []
-    async with Taskmill("memory://", plugins=False) as tm:
 
-        @tm.handler("step")
-        async def step(ctx: Context, params: dict[str, Any]) -> None:
-            ran.append(params["name"])
-            if params.get("fail"):
-                raise RuntimeError("boom")
+    @tm.handler("step")
+    async def step(ctx: Context, params: dict[str, Any]) -> None:
+        ran.append(params["name"])
+        if params.get("fail"):
+            raise RuntimeError("boom")
 
-        first = await tm.enqueue("step", {"name": "first"})
-        second = await tm.enqueue("step", {"name": "second"}, after=[first.id, first.id])
-        bad = await tm.enqueue("step", {"name": "bad", "fail": True}, max_retries=0)
-        skipped, anyway = await tm.enqueue_many(
-            [
-                {"task_type": "step", "params": {"name": "skipped"}, "after": [bad.id]},
-                {
-                    "task_type": "step",
-                    "params": {"name": "anyway"},
-                    "after": [bad.id, second.id],
-                    "after_policy": "always",
-                },
-            ]
-        )
-        summary = await tm.progress_summary(TaskFilter())
-        assert summary.waiting == 3
-        await tm.run_worker(until_idle=True, concurrency=4, handle_signals=False)
-        assert ran.index("first") < ran.index("second") < ran.index("anyway")
-        assert "skipped" not in ran
-        cancelled = await tm.get(skipped.id)
-        assert cancelled is not None and cancelled.status is TaskStatus.CANCELLED
-        assert cancelled.cancel_reason is CancelReason.PREEMPTED
-        assert bad.id in (cancelled.error or "")
-        done = await tm.get(anyway.id)
-        assert done is not None and done.status is TaskStatus.COMPLETED
-        assert (await tm.progress_summary(TaskFilter())).waiting == 0
+    first = await tm.enqueue("step", {"name": "first"})
+    second = await tm.enqueue("step", {"name": "second"}, after=[first.id, first.id])
+    bad = await tm.enqueue("step", {"name": "bad", "fail": True}, max_retries=0)
+    skipped, anyway = await tm.enqueue_many(
+        [
+            {"task_type": "step", "params": {"name": "skipped"}, "after": [bad.id]},
+            {
+                "task_type": "step",
+                "params": {"name": "anyway"},
+                "after": [bad.id, second.id],
+                "after_policy": "always",
+            },
+        ]
+    )
+    summary = await tm.progress_summary(TaskFilter())
+    assert summary.waiting == 3
+    await tm.run_worker(until_idle=True, concurrency=4, handle_signals=False)
+    assert ran.index("first") < ran.index("second") < ran.index("anyway")
+    assert "skipped" not in ran
+    cancelled = await tm.get(skipped.id)
+    assert cancelled is not None and cancelled.status is TaskStatus.CANCELLED
+    assert cancelled.cancel_reason is CancelReason.PREEMPTED
+    assert bad.id in (cancelled.error or "")
+    done = await tm.get(anyway.id)
+    assert done is not None and done.status is TaskStatus.COMPLETED
+    assert (await tm.progress_summary(TaskFilter())).waiting == 0
 
 
 @pytest.mark.parametrize(
@@ -79,16 +79,15 @@ async def test_bad_dependencies_are_refused_storing_nothing(
         assert (await tm.progress_summary(TaskFilter())).total == 0
 
 
-async def test_an_app_cannot_depend_on_another_apps_task() -> None:
-    async with Taskmill("memory://", plugins=False) as tm:
-        theirs = await tm.for_app("a").enqueue("step")
-        mine = tm.for_app("b")
-        with pytest.raises(InvalidTaskSpec, match="its own app"):
-            await mine.enqueue("step", after=[theirs.id])
-        ours = await mine.enqueue("step")
-        waiting = await mine.enqueue("step", after=[ours.id])
-        assert waiting.app_id == "b"
-        assert (await mine.progress_summary()).waiting == 1
+async def test_an_app_cannot_depend_on_another_apps_task(tm: Taskmill) -> None:
+    theirs = await tm.for_app("a").enqueue("step")
+    mine = tm.for_app("b")
+    with pytest.raises(InvalidTaskSpec, match="its own app"):
+        await mine.enqueue("step", after=[theirs.id])
+    ours = await mine.enqueue("step")
+    waiting = await mine.enqueue("step", after=[ours.id])
+    assert waiting.app_id == "b"
+    assert (await mine.progress_summary()).waiting == 1
 
 
 async def _run_chain(url: str, links: int = CHAIN) -> None:
@@ -121,7 +120,7 @@ async def test_a_chain_of_1000_runs_in_order_on_postgres(postgres_url: str) -> N
     await _run_chain(postgres_url)
 
 
-async def test_a_chain_of_200_runs_in_order_on_mongo(mongo_url: str) -> None:
+async def test_a_chain_of_100_runs_in_order_on_mongo(mongo_url: str) -> None:
     await _run_chain(mongo_url, MONGO_CHAIN)
 
 
