@@ -18,6 +18,16 @@ so it runs again on the new state), and the fence makes a lost race visible on a
 - **Dedupe**: ``leader_key`` is set only while a task is an active leader, and a unique
   partial index on it admits one leader per key; an enqueue that loses that race (a
   duplicate-key error) runs again and then finds the leader.
+- **Dependencies** (``after=``): one ``dependencies`` document per unresolved edge; the
+  dependent carries ``waiting_on`` (claims take only tasks without it) and each
+  dependency ``dependents``, which the enqueue of a dependent ``$inc``s so that it
+  write-conflicts with the dependency's end. Every terminal transition goes through
+  :meth:`MongoStorage._settle`, which settles the dependents in the same transaction
+  with the lifecycle kernel's rules (:meth:`MongoStorage._resolve`).
+- **Global limits**: a claim first writes the ``buckets`` document of each limited key
+  (so two claims of one key conflict, as a row lock would serialize them), then reads
+  its tokens, counts the key's RUNNING tasks and cuts its caps
+  (:func:`taskmill.limits.limited_caps`), all inside the claim's transaction.
 - **Event cursors**: each transaction that records events increments the ``events``
   counter document by their number and takes those positions. Two such transactions
   write the same document, so they commit one after the other: positions follow commit
