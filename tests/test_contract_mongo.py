@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import attrs
 import pytest
 from pymongo import AsyncMongoClient
 from taskmill.discovery import storage_for_url
@@ -166,21 +167,44 @@ async def test_concurrent_migrations_leave_one_schema(mongo_url: str):
         await stores[0].close()
 
 
-async def test_what_the_store_lacks_is_refused_clearly_storing_nothing(mongo_url: str):
-    """MongoDB declares it lacks dependencies and global limits: ``after=`` is refused at
-    enqueue (nothing stored) and a worker with limited handlers refuses to start."""
-    from taskmill import ConfigurationError, InvalidTaskSpec, Taskmill
+async def test_migrate_upgrades_a_version_1_database_keeping_its_tasks(
+    mongo_url: str, mongo_database: str
+):
+    """A database as version 1 left it (no ``dependencies`` or ``buckets`` collection,
+    no dependency fields on tasks) is refused until ``migrate`` upgrades it in place;
+    its tasks survive, and can then be depended on and claimed under global limits."""
+    from taskmill.limits import TypeLimit, parse_rate
+    from taskmill.model import TaskFilter, TaskStatus
+    from taskmill.testing import claim, finish
 
-    async with Taskmill(mongo_url, plugins=False) as tm:
-        first = await tm.enqueue("t")
-        with pytest.raises(InvalidTaskSpec, match="keeps task dependencies"):
-            await tm.enqueue("t", after=[first.id])
-        assert [t.id for t in await tm.query()] == [first.id]
-
-        @tm.handler("limited", rate_limit="5/s")
-        async def limited(ctx: Any, params: dict[str, Any]) -> None:
-            return None
-
-        with pytest.raises(ConfigurationError, match="cannot enforce global limits"):
-            await tm.worker().run_until_idle()
-        assert (await tm.get(first.id)).status.value == "pending"  # type: ignore[union-attr]
+    store = MongoStorage.from_url(mongo_url)
+    await store.open()
+    old = await store.enqueue([new_task("a"), new_task("b")])
+    await store.close()
+    client, db = await _raw(mongo_database)
+    try:
+        await db.dependencies.drop()
+        await db.buckets.drop()
+        await db.tasks.update_many({}, {"$unset": {"waiting_on": "", "dependents": ""}})
+        await db.taskmill_meta.update_one({"_id": "schema"}, {"$set": {"version": 1}})
+    finally:
+        await client.close()
+    with pytest.raises(SchemaVersionError, match="taskmill migrate"):
+        await MongoStorage.from_url(mongo_url).open()
+    assert await store.migrate() == SCHEMA_VERSION == 2
+    await store.open()
+    try:
+        assert [await store.get(t.id) for t in old] == old
+        (dependent,) = await store.enqueue([new_task("c", after=(old[0].id,))])
+        assert (await store.summary(TaskFilter())).waiting == 1
+        capped = attrs.evolve(
+            claim("a", "b", "c", limit=10),
+            limits={(None, "a"): TypeLimit(rate=parse_rate("1/h"), max_running=1)},
+        )
+        got = await store.claim_batch(capped)
+        assert sorted(t.task_type for t in got) == ["a", "b"]
+        await store.finish_batch([finish(t) for t in got])
+        (ran,) = await store.claim_batch(claim("c"))
+        assert ran.id == dependent.id and ran.status is TaskStatus.RUNNING
+    finally:
+        await store.close()

@@ -239,3 +239,32 @@ def test_docs_list_exactly_the_capabilities_each_backend_lacks(
     assert set(documented[scheme]) == set(backend.capabilities.lacking())
     rows = {line.split("`")[1] for line in DOCS.read_text().splitlines() if line.startswith("| `")}
     assert set(CAPABILITIES) <= rows
+
+
+async def test_what_a_store_declares_missing_is_refused_clearly_storing_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """A store declaring it lacks ``dependencies`` and ``global_limits`` (no first-party
+    backend does now; a third-party one may): the core refuses ``after=`` at enqueue,
+    storing nothing, and a worker with limited handlers refuses to start."""
+    from typing import Any
+
+    import attrs
+    from taskmill import ConfigurationError, InvalidTaskSpec, Taskmill
+
+    lacking = attrs.evolve(MemoryStorage.capabilities, dependencies=False, global_limits=False)
+    monkeypatch.setattr(MemoryStorage, "capabilities", lacking)
+    async with Taskmill("memory://", plugins=False) as tm:
+        first = await tm.enqueue("t")
+        with pytest.raises(InvalidTaskSpec, match="keeps task dependencies"):
+            await tm.enqueue("t", after=[first.id])
+        assert [t.id for t in await tm.query()] == [first.id]
+
+        @tm.handler("limited", rate_limit="5/s")
+        async def limited(ctx: Any, params: dict[str, Any]) -> None:
+            return None
+
+        with pytest.raises(ConfigurationError, match="cannot enforce global limits"):
+            await tm.worker().run_until_idle()
+        again = await tm.get(first.id)
+        assert again is not None and again.status.value == "pending"

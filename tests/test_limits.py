@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
-from taskmill import Context, InvalidLimit, Taskmill, TaskmillError
+from taskmill import Context, InvalidLimit, TaskFilter, Taskmill, TaskmillError
 from taskmill.limits import Bucket, Rate, TypeLimit, limited_caps, parse_rate, refill
 
 
@@ -59,3 +61,32 @@ def test_caps_take_the_tightest_of_handler_cap_tokens_and_free_slots() -> None:
         running={(None, "b"): 1, ("x", "a"): 5},
     )
     assert caps == {(None, "a"): 2, (None, "b"): 2, ("x", "a"): 0}
+
+
+async def test_a_worker_claims_within_the_global_limits_on_every_backend(tm: Taskmill) -> None:
+    """Through the API on each backend (``tm``): one claim batch of a worker with free
+    slots takes only what the limits allow, and a spent bucket takes nothing more."""
+    running = 0
+    peak = 0
+
+    @tm.handler("capped", global_concurrency=2)
+    async def capped(ctx: Context, params: dict) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0)
+        running -= 1
+
+    @tm.handler("rated", rate_limit="3/h")
+    async def rated(ctx: Context, params: dict) -> None:
+        return None
+
+    await tm.enqueue_many([{"task_type": "capped"} for _ in range(5)])
+    worker = tm.worker(concurrency=8, task_types=["capped"])
+    assert [await worker.tick() for _ in range(3)] == [2, 2, 1]
+    assert peak <= 2
+    await tm.enqueue_many([{"task_type": "rated"} for _ in range(5)])
+    worker = tm.worker(concurrency=8, task_types=["rated"])
+    assert [await worker.tick(), await worker.tick()] == [3, 0]
+    summary = await tm.progress_summary(TaskFilter(task_types=("rated",)))
+    assert (summary.completed, summary.pending) == (3, 2)

@@ -128,8 +128,10 @@ async def main(argv: list[str]) -> None:
         metavar="NAME:SECONDS",
         help="fire the tick handler every SECONDS (the worker runs the scheduler)",
     )
-    # The limited handlers (rated, capped) exist only when asked for: a store without
-    # global limits refuses to serve them.
+    # The limited handlers (rated, capped) exist only when asked for: every claim of a
+    # worker with limited handlers writes their rate buckets, which the tests that do
+    # not exercise limits need not pay for (nor could a store without global limits
+    # serve them).
     parser.add_argument("--rate-limit", default=None)
     parser.add_argument("--global-concurrency", type=int, default=None)
     args = parser.parse_args(argv)

@@ -18,6 +18,16 @@ so it runs again on the new state), and the fence makes a lost race visible on a
 - **Dedupe**: ``leader_key`` is set only while a task is an active leader, and a unique
   partial index on it admits one leader per key; an enqueue that loses that race (a
   duplicate-key error) runs again and then finds the leader.
+- **Dependencies** (``after=``): one ``dependencies`` document per unresolved edge; the
+  dependent carries ``waiting_on`` (claims take only tasks without it) and each
+  dependency ``dependents``, which the enqueue of a dependent ``$inc``s so that it
+  write-conflicts with the dependency's end. Every terminal transition goes through
+  :meth:`MongoStorage._settle`, which settles the dependents in the same transaction
+  with the lifecycle kernel's rules (:meth:`MongoStorage._resolve`).
+- **Global limits**: a claim first writes the ``buckets`` document of each limited key
+  (so two claims of one key conflict, as a row lock would serialize them), then reads
+  its tokens, counts the key's RUNNING tasks and cuts its caps
+  (:func:`taskmill.limits.limited_caps`), all inside the claim's transaction.
 - **Event cursors**: each transaction that records events increments the ``events``
   counter document by their number and takes those positions. Two such transactions
   write the same document, so they commit one after the other: positions follow commit
@@ -37,7 +47,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, Final, Self, TypeVar
 
@@ -47,6 +57,7 @@ from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import (
     BulkWriteError,
+    CollectionInvalid,
     ConnectionFailure,
     DuplicateKeyError,
     OperationFailure,
@@ -54,8 +65,6 @@ from pymongo.errors import (
 )
 from taskmill.cursors import position_token, token_position
 from taskmill.errors import (
-    ConfigurationError,
-    InvalidTaskSpec,
     SchemaVersionError,
     StorageUnavailable,
     TaskmillError,
@@ -65,15 +74,21 @@ from taskmill.filters import Op, conditions
 from taskmill.lifecycle import (
     CANCELLATION,
     DEFAULT_CANCEL_REASON,
+    DEPENDENCY_CANCEL_REASON,
+    DEPENDENCY_CANCELLATION,
     FINISHES,
     REDRIVE_EVENT,
     RESCUE_ERROR,
     RESCUES,
     TERMINAL_EVENTS,
+    DependentOutcome,
     TransitionPlan,
     cancel_error,
     cancel_targets,
     check_redrive,
+    dependency_blocks,
+    dependency_error,
+    dependency_settles,
     enqueued,
     finish_kind,
     key_taken,
@@ -82,7 +97,9 @@ from taskmill.lifecycle import (
     settle_alias,
     settles_aliases,
     split_taken,
+    unknown_dependency,
 )
+from taskmill.limits import Bucket, limited_caps, locked_keys, refill, scope_of, spend, taken_by_key
 from taskmill.model import (
     NO_PROGRESS,
     Attempt,
@@ -119,8 +136,15 @@ __all__ = ["SCHEMA_VERSION", "MongoStorage"]
 T = TypeVar("T")
 Doc = dict[str, Any]
 
-SCHEMA_VERSION: Final = 1
-"""The version of the collections and indexes this code creates (``taskmill_meta``)."""
+SCHEMA_VERSION: Final = 2
+"""The version of the collections and indexes this code creates (``taskmill_meta``).
+
+1. ``tasks``, ``attempts``, ``events``, ``counters``, ``suspensions``, ``handlers``.
+2. Task dependencies (collection ``dependencies``; the task fields ``waiting_on`` and
+   ``dependents``, absent when 0) and global limits (collection ``buckets``). Version 1
+   data needs no rewrite: a task without the new fields waits for nothing and has no
+   dependents, so ``migrate`` only creates the new indexes.
+"""
 
 _PENDING: Final = TaskStatus.PENDING.value
 _RUNNING: Final = TaskStatus.RUNNING.value
@@ -130,13 +154,31 @@ _CANCELLED_OUTCOME: Final = CANCELLATION.outcome
 _FINISH_PLANS: Final = {kind: plan(t) for kind, t in FINISHES.items()}
 _RESCUE_PLANS: Final = {case: plan(t) for case, t in RESCUES.items()}
 _CANCEL_PLAN: Final = plan(CANCELLATION)
+_DEPENDENCY_CANCEL_PLAN: Final = plan(DEPENDENCY_CANCELLATION)
 _CLOCK_REFRESH: Final = 60.0
 _RACE_RETRIES: Final = 20
 _LOCK_SECONDS: Final = 30.0
 # How long a waiter's claim to be the writer lock's next owner lasts without a renewal
 # (it renews on every poll, at most every 20 ms).
 _NEXT_SECONDS: Final = 2.0
-_COLLECTIONS: Final = ("tasks", "attempts", "events", "counters", "suspensions", "handlers")
+_COLLECTIONS: Final = (
+    "tasks",
+    "attempts",
+    "events",
+    "counters",
+    "suspensions",
+    "handlers",
+    "dependencies",
+    "buckets",
+)
+# The task fields a task document carries besides what task_document() writes (both
+# absent when 0, so that a version-1 document reads as waiting for nothing):
+# how many of its dependencies have not ended yet (a PENDING task with it is not
+# claimable), and how many dependency edges name it (a hint that its end has dependents
+# to settle, and the field an enqueue of a dependent writes to conflict with its end).
+_WAITING: Final = "waiting_on"
+_DEPENDENTS: Final = "dependents"
+
 
 TASK_INDEXES: Final = [
     IndexModel([("seq", ASCENDING)], name="seq", unique=True),
@@ -161,6 +203,11 @@ ATTEMPT_INDEXES: Final = [
     IndexModel([("task_id", ASCENDING), ("number", ASCENDING), ("seq", ASCENDING)], name="log"),
 ]
 EVENT_INDEXES: Final = [IndexModel([("at", ASCENDING)], name="at")]
+# One document per unresolved dependency edge: ``task_id`` waits for ``depends_on``.
+DEPENDENCY_INDEXES: Final = [
+    IndexModel([("depends_on", ASCENDING), ("task_id", ASCENDING)], name="depends_on"),
+    IndexModel([("task_id", ASCENDING)], name="dependent"),
+]
 
 
 class _Nothing(Exception):
@@ -220,6 +267,10 @@ class _Writes:
 
     events: list[tuple[EventKind, str, TaskStatus]] = attrs.field(factory=list)
     attempts: list[Attempt] = attrs.field(factory=list)
+    settled_aliases: list[Task] = attrs.field(factory=list)
+    """Aliases settled by their terminal leader, in the order written."""
+    dependents_cancelled: list[Task] = attrs.field(factory=list)
+    """Dependents cancelled because a dependency did not complete, in order."""
 
     def emit(self, kind: EventKind, t: Task) -> None:
         self.events.append((kind, t.id, t.status))
@@ -234,8 +285,8 @@ class MongoStorage(TaskStorage):
         notifications=False,
         transactions_across_records=True,
         commit_ordered_cursors=True,
-        dependencies=False,
-        global_limits=False,
+        dependencies=True,
+        global_limits=True,
         handler_registrations=True,
     )
 
@@ -525,6 +576,15 @@ class MongoStorage(TaskStorage):
         await db.tasks.create_indexes(TASK_INDEXES)
         await db.attempts.create_indexes(ATTEMPT_INDEXES)
         await db.events.create_indexes(EVENT_INDEXES)
+        await db.dependencies.create_indexes(DEPENDENCY_INDEXES)
+        # Created here, not by a claim's first upsert inside its transaction.
+        if "buckets" not in await db.list_collection_names():
+            with contextlib.suppress(CollectionInvalid):  # created by another process
+                try:
+                    await db.create_collection("buckets")
+                except OperationFailure as exc:
+                    if exc.code != 48:  # NamespaceExists: created meanwhile
+                        raise
         for counter in ("tasks", "events"):
             with contextlib.suppress(DuplicateKeyError):  # another process inserted it first
                 await db.counters.update_one(
@@ -601,8 +661,19 @@ class MongoStorage(TaskStorage):
                 session=s,
             )
 
-    async def _replace(self, s: AsyncClientSession, old: Doc, new: Task) -> None:
-        """Write ``new`` over ``old``, fenced by the state ``old`` was read in."""
+    async def _replace(self, s: AsyncClientSession, old: Doc, new: Task) -> Doc:
+        """Write ``new`` over ``old``, fenced by the state ``old`` was read in; return
+        the document written.
+
+        The dependency fields carry over: ``waiting_on`` always (a cancelled dependent
+        redriven still waits for what has not ended), ``dependents`` while ``new`` is
+        active (a task that ends has its dependents settled by the caller, in this
+        transaction, which deletes their edges: see :meth:`_resolve`)."""
+        doc = task_document(new, old["seq"])
+        if old.get(_WAITING):
+            doc[_WAITING] = old[_WAITING]
+        if old.get(_DEPENDENTS) and new.status.active:
+            doc[_DEPENDENTS] = old[_DEPENDENTS]
         result = await self._database().tasks.replace_one(
             {
                 "_id": old["_id"],
@@ -610,11 +681,12 @@ class MongoStorage(TaskStorage):
                 "attempts": old["attempts"],
                 "worker_id": old["worker_id"],
             },
-            task_document(new, old["seq"]),
+            doc,
             session=s,
         )
         if result.matched_count != 1:
             raise _Raced
+        return doc
 
     async def _settle(
         self,
@@ -625,12 +697,18 @@ class MongoStorage(TaskStorage):
         writes: _Writes,
         **values: Any,
     ) -> Task:
-        """Write a transition of ``doc``'s task and its consequences: the event, and the
-        settlement of its aliases when it is a leader reaching a terminal status."""
+        """Write a transition of ``doc``'s task and its consequences: the event, and,
+        when it reaches a terminal status, the settlement of its aliases (when it is a
+        leader) and then of the dependents of it and of those aliases."""
         at = from_micros(now)
         new = chosen.apply(task(doc), at, **values)
         await self._replace(s, doc, new)
         writes.emit(chosen.transition.event, new)
+        if not new.status.terminal:
+            return new
+        ended: list[tuple[str, TaskStatus]] = []
+        if doc.get(_DEPENDENTS):
+            ended.append((new.id, new.status))
         if settles_aliases(new.status, new.dedupe_key, new.alias_of):
             kind = TERMINAL_EVENTS[new.status]
             cursor = (
@@ -642,15 +720,84 @@ class MongoStorage(TaskStorage):
                 alias = settle_alias(task(alias_doc), new, at)
                 await self._replace(s, alias_doc, alias)
                 writes.emit(kind, alias)
+                writes.settled_aliases.append(alias)
+                if alias_doc.get(_DEPENDENTS):
+                    ended.append((alias.id, alias.status))
+        if ended:
+            await self._resolve(s, ended, now, writes)
         return new
+
+    async def _resolve(
+        self,
+        s: AsyncClientSession,
+        ended: list[tuple[str, TaskStatus]],
+        now: int,
+        writes: _Writes,
+    ) -> None:
+        """Settle the dependents of the tasks that just ended (id, terminal status) as
+        :func:`taskmill.lifecycle.dependency_settles` says, and in turn, breadth first,
+        those of the dependents that cancels; each edge is resolved once (deleted)."""
+        db = self._database()
+        at = from_micros(now)
+        level = ended
+        while level:
+            status_of = dict(level)
+            level = []
+            edges = await db.dependencies.find(
+                {"depends_on": {"$in": list(status_of)}}, session=s
+            ).to_list()
+            if not edges:
+                break
+            await db.dependencies.delete_many(
+                {"_id": {"$in": [e["_id"] for e in edges]}}, session=s
+            )
+            wanted = sorted({e["task_id"] for e in edges})
+            docs = {d["_id"]: d async for d in db.tasks.find({"_id": {"$in": wanted}}, session=s)}
+            # In the dependents' creation order (the reference store's), deleted ones last.
+            edges.sort(
+                key=lambda e: (
+                    docs[e["task_id"]]["seq"] if e["task_id"] in docs else -1,
+                    e["depends_on"],
+                )
+            )
+            for edge in edges:
+                doc = docs.get(edge["task_id"])
+                if doc is None:
+                    continue  # removed by cleanup
+                waiting = int(doc.get(_WAITING) or 0)
+                left = max(waiting - 1, 0)
+                if waiting:
+                    change = {"$set": {_WAITING: left}} if left else {"$unset": {_WAITING: ""}}
+                    result = await db.tasks.update_one(
+                        {"_id": doc["_id"], _WAITING: waiting}, change, session=s
+                    )
+                    if result.matched_count != 1:
+                        raise _Raced
+                    doc = {k: v for k, v in doc.items() if k != _WAITING}
+                    if left:
+                        doc[_WAITING] = left
+                    docs[doc["_id"]] = doc
+                ended_as = status_of[edge["depends_on"]]
+                blocks = bool(dependency_blocks(ended_as, bool(edge["always"])))
+                outcome = dependency_settles(TaskStatus(doc["status"]), left, blocks=blocks)
+                if outcome is DependentOutcome.RELEASED:
+                    writes.emit(EventKind.RELEASED, task(doc))
+                elif outcome is DependentOutcome.CANCELLED:
+                    new = _DEPENDENCY_CANCEL_PLAN.apply(
+                        task(doc),
+                        at,
+                        error=dependency_error(edge["depends_on"], ended_as),
+                        cancel_reason=DEPENDENCY_CANCEL_REASON,
+                    )
+                    docs[doc["_id"]] = await self._replace(s, doc, new)
+                    writes.emit(DEPENDENCY_CANCELLATION.event, new)
+                    writes.dependents_cancelled.append(new)
+                    if doc.get(_DEPENDENTS):
+                        level.append((new.id, new.status))
 
     # -- writing tasks ---------------------------------------------------------------
 
     async def enqueue(self, tasks: Sequence[NewTask]) -> list[Task]:
-        if any(new.after for new in tasks):
-            raise InvalidTaskSpec(
-                "this MongoDB store does not keep task dependencies (after=); see docs/backends.md"
-            )
         if not tasks:
             self._database()
             return []
@@ -668,6 +815,7 @@ class MongoStorage(TaskStorage):
                 async for doc in db.tasks.find({"_id": {"$in": ids}}, session=s)
             }
             fresh, known = split_taken(tasks, taken)
+            dependencies = await self._dependencies(s, fresh)
             first = await self._reserve(s, "tasks", len(fresh))
             if not fresh:
                 return [known[new.id] for new in tasks]
@@ -684,6 +832,8 @@ class MongoStorage(TaskStorage):
                     leaders[doc["leader_key"]] = doc["_id"]
             stored: list[Task] = []
             docs: list[Doc] = []
+            edges: list[Doc] = []
+            new_edges: dict[str, int] = {}  # dependency id -> edges this call adds
             writes = _Writes()
             for i, new in enumerate(fresh):
                 alias_of = None
@@ -692,27 +842,89 @@ class MongoStorage(TaskStorage):
                     alias_of = leaders.get(key)
                     if alias_of is None:
                         leaders[key] = new.id
+                # The edges to the dependencies not ended yet; the first one that ended
+                # in a way that cancels this task (lifecycle.dependency_blocks).
+                waiting = 0
+                blocker: tuple[str, TaskStatus] | None = None
+                for dependency in dict.fromkeys(new.after):
+                    status = TaskStatus(dependencies[dependency]["status"])
+                    blocks = dependency_blocks(status, new.after_always)
+                    if blocks is None:
+                        waiting += 1
+                        new_edges[dependency] = new_edges.get(dependency, 0) + 1
+                        edges.append(
+                            {
+                                "_id": dumps([dependency, new.id]),
+                                "depends_on": dependency,
+                                "task_id": new.id,
+                                "always": new.after_always,
+                            }
+                        )
+                    elif blocks and blocker is None:
+                        blocker = (dependency, status)
                 run_at = at if new.run_at is None else new.run_at
                 t = enqueued(new, now=at, run_at=run_at, alias_of=alias_of)
                 t = task(task_document(t, 0))  # the snapshot as it reads back
-                stored.append(t)
-                docs.append(task_document(t, first + i))
                 writes.emit(EventKind.ENQUEUED, t)
+                if blocker is not None:
+                    t = _DEPENDENCY_CANCEL_PLAN.apply(
+                        t,
+                        at,
+                        error=dependency_error(*blocker),
+                        cancel_reason=DEPENDENCY_CANCEL_REASON,
+                    )
+                    writes.emit(DEPENDENCY_CANCELLATION.event, t)
+                stored.append(t)
+                doc = task_document(t, first + i)
+                if waiting:
+                    doc[_WAITING] = waiting
+                docs.append(doc)
             await db.tasks.insert_many(docs, session=s)
+            if edges:
+                await db.dependencies.insert_many(edges, session=s)
+            # Write each dependency that gains dependents, fenced by the status this
+            # decision read: its end, in another transaction, writes it too, so the two
+            # conflict (on MongoDB the second aborts and runs again on the new state)
+            # and no release is lost to a dependency ending during this enqueue.
+            for dependency, count in new_edges.items():
+                result = await db.tasks.update_one(
+                    {"_id": dependency, "status": dependencies[dependency]["status"]},
+                    {"$inc": {_DEPENDENTS: count}},
+                    session=s,
+                )
+                if result.matched_count != 1:
+                    raise _Raced
             await self._record(s, writes, now)
             known.update((t.id, t) for t in stored)
             return [known[new.id] for new in tasks]
 
         return await self._transaction(body)
 
-    async def claim_batch(self, request: ClaimRequest) -> list[Task]:
-        if request.limits:
-            raise ConfigurationError(
-                "this MongoDB store cannot enforce global rate or concurrency limits in"
-                " its claims; see docs/backends.md"
+    async def _dependencies(
+        self, s: AsyncClientSession, fresh: Sequence[NewTask]
+    ) -> dict[str, Doc]:
+        """The (status, app id) documents of every task ``fresh`` depends on; refuses a
+        dependency that is not stored or is another app's (before anything is written)."""
+        wanted = list(dict.fromkeys(d for new in fresh for d in new.after))
+        if not wanted:
+            return {}
+        found = {
+            d["_id"]: d
+            async for d in self._database().tasks.find(
+                {"_id": {"$in": wanted}}, {"status": 1, "app_id": 1}, session=s
             )
-        handlers = request.handlers
-        types = sorted({task_type for _, task_type in handlers})
+        }
+        for new in fresh:
+            for dependency in new.after:
+                doc = found.get(dependency)
+                if doc is None or doc["app_id"] != new.app_id:
+                    raise unknown_dependency(
+                        dependency, new.app_id, None if doc is None else doc["app_id"]
+                    )
+        return found
+
+    async def claim_batch(self, request: ClaimRequest) -> list[Task]:
+        types = sorted({task_type for _, task_type in request.handlers})
         if not types or request.limit <= 0:
             self._database()
             return []
@@ -720,6 +932,12 @@ class MongoStorage(TaskStorage):
         async def body(s: AsyncClientSession) -> list[Task]:
             db = self._database()
             now = await self._now()
+            handlers = request.handlers
+            tokens: dict[HandlerKey, float] = {}
+            if request.limits:
+                handlers, tokens = await self._limited(s, request, now)
+                if not any(cap != 0 for cap in handlers.values()):
+                    raise _Nothing([])
             suspended = [
                 SuspensionScope(task_type=d["task_type"], app_id=d["app_id"])
                 async for d in db.suspensions.find({}, session=s)
@@ -728,6 +946,7 @@ class MongoStorage(TaskStorage):
                 "status": _PENDING,
                 "task_type": {"$in": types},
                 "alias_of": None,
+                _WAITING: None,  # waits for no dependency (the field is absent)
                 "run_at": {"$lte": now},
             }
             if request.min_priority is not None:
@@ -760,7 +979,7 @@ class MongoStorage(TaskStorage):
                 raise _Nothing([])
             token = uuid.uuid4().hex
             result = await db.tasks.update_many(
-                {"_id": {"$in": picked}, "status": _PENDING},
+                {"_id": {"$in": picked}, "status": _PENDING, _WAITING: None},
                 {
                     "$set": {
                         "status": _RUNNING,
@@ -779,6 +998,8 @@ class MongoStorage(TaskStorage):
             # Read back by the token: the picks another worker took meanwhile are not ours.
             docs = {d["_id"]: d async for d in db.tasks.find({"claim_token": token}, session=s)}
             claimed = [task(docs[i]) for i in picked if i in docs]
+            if tokens:
+                await self._spend(s, tokens, handlers, claimed, now)
             writes = _Writes()
             for t in claimed:
                 writes.emit(EventKind.STARTED, t)
@@ -786,6 +1007,79 @@ class MongoStorage(TaskStorage):
             return claimed
 
         return await self._transaction(body)
+
+    async def _limited(
+        self, s: AsyncClientSession, request: ClaimRequest, now: int
+    ) -> tuple[dict[HandlerKey, int | None], dict[HandlerKey, float]]:
+        """The request's caps cut by its global limits (:mod:`taskmill.limits`), and the
+        refilled tokens of its rate-limited keys, inside claim transaction ``s``.
+
+        Each limited key's bucket document (created full when missing) is *written*
+        first (``$inc`` of ``claims``), in a stable order: two claims of one key both
+        write it, so on MongoDB they cannot both commit from the same snapshot (the
+        second aborts with a write conflict and runs again on the new state). That is
+        what makes the tokens read and the RUNNING tasks counted here hold when this
+        claim commits, in the role MySQL's ``FOR UPDATE`` on the bucket row plays."""
+        db = self._database()
+        seconds = now / 1_000_000
+        tokens: dict[HandlerKey, float] = {}
+        running: dict[HandlerKey, int] = {}
+        for key in locked_keys(request.handlers, request.limits):
+            scope, task_type = scope_of(key), key[1]
+            # update_one then find_one: nx-27017 (the test stand-in) ignores
+            # $setOnInsert in an upserting find_one_and_update.
+            bucket_id = dumps([scope, task_type])
+            await db.buckets.update_one(
+                {"_id": bucket_id},
+                {
+                    "$inc": {"claims": 1},
+                    # Empty as of the epoch: refilled to full by its first claim.
+                    "$setOnInsert": {
+                        "scope": scope,
+                        "task_type": task_type,
+                        "tokens": 0.0,
+                        "updated_at": 0.0,
+                    },
+                },
+                upsert=True,
+                session=s,
+            )
+            bucket = await db.buckets.find_one({"_id": bucket_id}, session=s)
+            assert bucket is not None
+            limit = request.limits[key]
+            if limit.rate is not None:
+                stored = Bucket(float(bucket["tokens"]), float(bucket["updated_at"]))
+                tokens[key] = refill(stored, limit.rate, seconds)
+            if limit.max_running is not None:
+                # An expired lease holds no slot, rescued or not.
+                query: Doc = {
+                    "status": _RUNNING,
+                    "task_type": task_type,
+                    "lease_expires_at": {"$gt": now},
+                }
+                if key[0] is not None:
+                    query["app_id"] = key[0]
+                running[key] = await db.tasks.count_documents(query, session=s)
+        caps = limited_caps(request.handlers, request.limits, tokens=tokens, running=running)
+        return caps, tokens
+
+    async def _spend(
+        self,
+        s: AsyncClientSession,
+        tokens: dict[HandlerKey, float],
+        handlers: Mapping[HandlerKey, int | None],
+        claimed: Sequence[Task],
+        now: int,
+    ) -> None:
+        """Write back the buckets this claim took tokens from."""
+        taken = taken_by_key(((t.app_id, t.task_type) for t in claimed), handlers)
+        for key, left in tokens.items():
+            if taken.get(key):
+                await self._database().buckets.update_one(
+                    {"_id": dumps([scope_of(key), key[1]])},
+                    {"$set": {"tokens": spend(left, taken[key]), "updated_at": now / 1_000_000}},
+                    session=s,
+                )
 
     @staticmethod
     def _fence(lease: Lease) -> Doc:
@@ -1077,7 +1371,14 @@ class MongoStorage(TaskStorage):
             ]
             async for row in await db.tasks.aggregate(pipeline):
                 counts[TaskStatus(row["_id"])] += int(row["n"])
-            return ProgressSummary.from_counts(counts)
+            waiting = 0
+            if counts[TaskStatus.PENDING]:
+                blocked: Doc = {"status": _PENDING, _WAITING: {"$gt": 0}}
+                selection = _filter_query(filter)
+                waiting = await db.tasks.count_documents(
+                    {"$and": [selection, blocked]} if selection else blocked
+                )
+            return ProgressSummary.from_counts(counts, waiting=waiting)
 
         return await self._read(run())
 
@@ -1116,7 +1417,7 @@ class MongoStorage(TaskStorage):
                 async for d in db.suspensions.find({})
             ]
             cursor = db.tasks.find(
-                {"status": _PENDING, "task_type": {"$in": types}, "alias_of": None},
+                {"status": _PENDING, "task_type": {"$in": types}, "alias_of": None, _WAITING: None},
                 {"app_id": 1, "task_type": 1, "run_at": 1},
             ).sort([("run_at", ASCENDING), ("seq", ASCENDING)])
             async for doc in cursor:
@@ -1160,6 +1461,9 @@ class MongoStorage(TaskStorage):
             if not doomed:
                 raise _Nothing(0)
             await db.attempts.delete_many({"task_id": {"$in": doomed}}, session=s)
+            # The edges of doomed dependents (a doomed task's own dependents' edges were
+            # resolved when it ended).
+            await db.dependencies.delete_many({"task_id": {"$in": doomed}}, session=s)
             result = await db.tasks.delete_many({"_id": {"$in": doomed}}, session=s)
             return int(result.deleted_count)
 
@@ -1240,14 +1544,14 @@ class MongoStorage(TaskStorage):
                         error=cancel_error(reason),
                     )
                 )
-            before = len(writes.events)
+            aliases = len(writes.settled_aliases)
+            dependents = len(writes.dependents_cancelled)
             new = await self._settle(s, doc, _CANCEL_PLAN, now, writes, cancel_reason=reason)
             changed.append(new)
-            for _, alias_id, _ in writes.events[before + 1 :]:
-                settled.add(alias_id)
-                alias = await db.tasks.find_one({"_id": alias_id}, session=s)
-                assert alias is not None
-                changed.append(task(alias))
+            for alias in writes.settled_aliases[aliases:]:
+                settled.add(alias.id)
+                changed.append(alias)
+            changed += writes.dependents_cancelled[dependents:]
         if not changed:
             raise _Nothing(changed)
         await self._record(s, writes, now)
