@@ -4,7 +4,11 @@ Each task runs about ``--cpu-ms`` milliseconds of pure Python (a loop calibrated
 before the runs). The tasks are enqueued, then drained by the real command,
 ``taskmill worker --processes N --until-idle``, timed from its start to its exit (so
 the children's start-up counts against the supervisor, as it would for a user). Every
-run checks that every task ended COMPLETED with one attempt. Results are printed and,
+run checks that every task ended COMPLETED with one attempt. Each run also reports its
+steady rate: the tasks that finished between the 10th and the 90th percentile of the
+stored finish times, over that span, which leaves out the start-up and the last tasks'
+tail (a long-running worker's rate); it is read from the store afterwards, so measuring
+it adds nothing to the run. Results are printed and,
 unless ``--no-record``, written to ``bench/results/processes-<time>.json``.
 
     uv run python bench/processes.py --url sqlite:///tmp/p.db --tasks 400 --processes 1 2
@@ -59,12 +63,16 @@ async def _enqueue(url: str, tasks: int) -> None:
         await tm.enqueue_many([{"task_type": "bench.cpu"} for _ in range(tasks)])
 
 
-async def _check(url: str, tasks: int) -> int:
+async def _check(url: str, tasks: int) -> float:
+    """Check every task completed once; return the steady rate (tasks/s between the
+    10th and 90th percentile of the finish times)."""
     async with Taskmill(url, plugins=False) as tm:
         done = await tm.query(TaskFilter(task_types=("bench.cpu",)), limit=tasks + 1)
         assert len(done) == tasks, len(done)
         assert all(t.status is TaskStatus.COMPLETED and t.attempts == 1 for t in done)
-        return len(done)
+        ends = sorted(t.finished_at.timestamp() for t in done if t.finished_at is not None)
+        low, high = ends[len(ends) // 10], ends[len(ends) * 9 // 10]
+        return (len(ends) * 9 // 10 - len(ends) // 10) / max(high - low, 1e-9)
 
 
 def _drain(url: str, processes: int, concurrency: int, workdir: Path, loops: int) -> float:
@@ -96,6 +104,7 @@ def main() -> None:
 
     loops = _loops_for(args.cpu_ms)
     runs: dict[int, list[float]] = {n: [] for n in args.processes}
+    steady: dict[int, list[float]] = {n: [] for n in args.processes}
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         (workdir / "bench_cpu_handlers.py").write_text(HANDLERS)
@@ -104,14 +113,24 @@ def main() -> None:
                 asyncio.run(_clear(args.url))
                 asyncio.run(_enqueue(args.url, args.tasks))
                 took = _drain(args.url, n, args.concurrency, workdir, loops)
-                asyncio.run(_check(args.url, args.tasks))
+                steady_rate = asyncio.run(_check(args.url, args.tasks))
                 rate = args.tasks / took
                 runs[n].append(rate)
-                print(f"round {round_ + 1}: --processes {n}: {took:.2f} s, {rate:,.0f} tasks/s")
+                steady[n].append(steady_rate)
+                print(
+                    f"round {round_ + 1}: --processes {n}: {took:.2f} s, {rate:,.0f} tasks/s "
+                    f"start to exit, {steady_rate:,.0f} tasks/s steady"
+                )
     medians = {n: sorted(r)[len(r) // 2] for n, r in runs.items()}
+    steady_medians = {n: sorted(r)[len(r) // 2] for n, r in steady.items()}
     base = medians[min(medians)]
+    steady_base = steady_medians[min(steady_medians)]
     for n, median in medians.items():
-        print(f"--processes {n}: median {median:,.0f} tasks/s ({median / base:.2f}x)")
+        print(
+            f"--processes {n}: median {median:,.0f} tasks/s start to exit "
+            f"({median / base:.2f}x), {steady_medians[n]:,.0f} steady "
+            f"({steady_medians[n] / steady_base:.2f}x)"
+        )
     if not args.no_record:
         record = {
             "benchmark": "processes",
@@ -122,6 +141,8 @@ def main() -> None:
             "concurrency_per_process": args.concurrency,
             "runs_tasks_per_s": {str(n): r for n, r in runs.items()},
             "medians": {str(n): m for n, m in medians.items()},
+            "steady_tasks_per_s": {str(n): r for n, r in steady.items()},
+            "steady_medians": {str(n): m for n, m in steady_medians.items()},
             "machine": f"{os.cpu_count()} cores {platform.processor() or platform.machine()}, "
             f"Python {platform.python_version()}",
             "load_average": list(os.getloadavg()),
