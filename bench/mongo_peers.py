@@ -396,9 +396,12 @@ async def serve(url: str, poll: float) -> None:
         await running
 
 
-async def latencies(url: str, samples: int, poll: float) -> list[float]:
+async def latencies(
+    url: str, samples: int, poll: float, gap: tuple[float, float] = (0.05, 0.15)
+) -> list[float]:
     """Milliseconds from just before each enqueue until its handler started, one task at
-    a time to an idle worker process polling at most every ``poll`` seconds."""
+    a time to an idle worker process polling at most every ``poll`` seconds, with a
+    pause drawn from ``gap`` (seconds) between tasks."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         SCRIPT,
@@ -424,7 +427,7 @@ async def latencies(url: str, samples: int, poll: float) -> list[float]:
                 if marker != str(n):
                     raise RuntimeError(f"expected task {n} to start, got {line!r}")
                 measured.append((float(at) - began) * 1000)
-                await asyncio.sleep(rng.uniform(0.05, 0.15))
+                await asyncio.sleep(rng.uniform(*gap))
         return measured
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -627,6 +630,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             "rounds": args.rounds,
             "latency_samples": args.latency_samples,
             "latency_polls": [1.0, args.fast_poll],
+            "idle_samples": args.idle_samples,
             "history": args.history,
             "history_setting": args.history_setting,
         },
@@ -646,18 +650,25 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     record["summary"] = summarize(record["rounds"])
     if args.latency_samples:
         record["latency"] = {}
-        for poll in (1.0, args.fast_poll):
+        # Pauses of 50-150 ms (as bench/postgres_vs_procrastinate.py), at the default
+        # poll_interval and at --fast-poll; then pauses of 2-3 s, long enough for the
+        # worker's polling to back off to poll_interval (1 s) between tasks.
+        cases = [
+            (f"poll_interval_{poll}_gap_0.05-0.15s", args.latency_samples, poll, (0.05, 0.15))
+            for poll in (1.0, args.fast_poll)
+        ]
+        cases.append(("poll_interval_1.0_gap_2-3s", args.idle_samples, 1.0, (2.0, 3.0)))
+        for label, samples, poll, gap in cases:
+            if not samples:
+                continue
             name = fresh_name("mb_lat")
             try:
                 before = load()
-                values = await latencies(with_database(args.url, name), args.latency_samples, poll)
+                values = await latencies(with_database(args.url, name), samples, poll, gap)
             finally:
                 await drop(args.url, name)
-            record["latency"][f"poll_interval_{poll}"] = {
-                "load_before": before,
-                **summarize_latency(values),
-            }
-            print(f"latency, poll_interval {poll}:", record["latency"][f"poll_interval_{poll}"])
+            record["latency"][label] = {"load_before": before, **summarize_latency(values)}
+            print(f"latency, {label}:", record["latency"][label], flush=True)
     if args.history:
         record["history"] = await history_phase(args)
     record["load_at_end"] = load()
@@ -683,6 +694,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--celery-concurrency", type=int, action="append")
     parser.add_argument("--latency-samples", type=int, default=50)
     parser.add_argument("--fast-poll", type=float, default=0.1)
+    parser.add_argument("--idle-samples", type=int, default=20, help="latency with 2-3 s pauses")
     parser.add_argument("--history", type=int, default=1_000_000, help="0: skip")
     parser.add_argument("--history-setting", default="10:0:0")
     parser.add_argument("--history-rounds", type=int, default=2)
