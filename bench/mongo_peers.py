@@ -66,7 +66,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pymongo
-from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, ReturnDocument
+from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, ReturnDocument, monitoring
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.database import AsyncDatabase
 from taskmill import Context, TaskFilter, Taskmill
@@ -528,6 +528,59 @@ async def history_phase(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+# -- round trips: the commands a drain sends -------------------------------------------------
+
+
+class CommandCounter(monitoring.CommandListener):
+    """Counts the commands every client of this process sends, by name."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        name = event.command_name
+        if name == "findAndModify" and event.command.get("findAndModify") == "counters":
+            query = event.command.get("query", {})
+            name = f"findAndModify counters {query.get('_id')}"
+        elif name == "update" and event.command.get("update") == "counters":
+            updates = event.command.get("updates", [{}])
+            name = f"update counters {updates[0].get('q', {}).get('_id')}"
+        self.counts[name] = self.counts.get(name, 0) + 1
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        return None
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        return None
+
+
+async def command_counts(url: str, tasks: int, settings: list[str]) -> dict[str, Any]:
+    """The commands one drain sends per task, by name, for each setting."""
+    counter = CommandCounter()
+    monitoring.register(counter)
+    out: dict[str, Any] = {}
+    for setting in settings:
+        name = fresh_name("mb_cmd")
+        try:
+            async with taskmill_app(with_database(url, name)) as tm:
+                await enqueue(tm, tasks, 1000)
+                counter.counts.clear()
+                seconds = await drain(tm, tasks, setting)
+                counts = dict(counter.counts)
+        finally:
+            await drop(url, name)
+        total = sum(counts.values())
+        out[setting] = {
+            "tasks": tasks,
+            "process_per_s": tasks / seconds,
+            "commands": total,
+            "commands_per_task": total / tasks,
+            "by_name": dict(sorted(counts.items(), key=lambda kv: -kv[1])),
+        }
+        print(setting, json.dumps(out[setting], indent=2), flush=True)
+    return out
+
+
 # -- the run -----------------------------------------------------------------------------
 
 
@@ -700,6 +753,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--history-rounds", type=int, default=2)
     parser.add_argument("--results-dir", type=Path, default=BENCH_DIR / "results")
     parser.add_argument("--no-record", action="store_true")
+    parser.add_argument(
+        "--count-commands",
+        action="store_true",
+        help="only count the commands a drain sends per task, at each --setting",
+    )
     # The latency worker's mode (the script runs itself).
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--poll", type=float, default=1.0, help=argparse.SUPPRESS)
@@ -716,6 +774,22 @@ def main() -> None:
     args = parse_args()
     if args.serve:
         asyncio.run(serve(args.serve, args.poll))
+        return
+    if args.count_commands:
+        date = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        counted: dict[str, Any] = {
+            "benchmark": "mongo-commands",
+            "date": date,
+            "url": redact(args.url),
+            "versions": versions(),
+            "machine": machine_details(),
+            "settings": asyncio.run(command_counts(args.url, args.tasks, args.setting)),
+        }
+        if not args.no_record:
+            stamp = date.replace("-", "").replace(":", "")
+            path = args.results_dir / f"mongo-commands-{stamp}.json"
+            path.write_text(json.dumps(counted, indent=2) + "\n")
+            print(f"recorded {path}")
         return
     record = asyncio.run(bench(args))
     print(json.dumps(record["summary"], indent=2))
