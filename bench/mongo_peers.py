@@ -28,12 +28,17 @@ figure, absolute rates move with the load). Each round runs, in this order:
   ``--celery-concurrency``.
 
 Then, once: the **enqueue-to-start latency** of an idle taskmill worker in another
-process (``--latency-samples`` tasks, one at a time; the MongoDB store has no
-notifications, so the worker polls: measured at the default ``poll_interval`` and at
-``--fast-poll``), and **processing with a history**: ``--history`` finished tasks (with
-their attempt-log documents, copies of a task taskmill itself ran and finished) are
-inserted with ``insert_many`` into a taskmill database, then the same drain at
-concurrency 10 runs beside one on an empty database.
+process (one task at a time, from just before the enqueue until the handler writes its
+start to a pipe; the MongoDB store has no notifications, so the worker polls):
+``--latency-samples`` tasks 50-150 ms apart at the default ``poll_interval`` and at
+``--fast-poll``, and ``--idle-samples`` tasks 2-3 s apart (the worker's polling backed
+off to ``poll_interval``); and **processing with a history**: ``--history`` finished
+tasks (with their attempt-log documents, copies of a task taskmill itself ran and
+finished) are inserted with ``insert_many`` into a taskmill database, then the drain at
+``--history-setting`` alternates between an empty database and that one.
+
+``--count-commands`` runs only the drains of each ``--setting`` and counts the commands
+they send, by name (``bench/results/mongo-commands-<date>.json``).
 
 Every URL is the one given: ``?directConnection=true&serializeWrites=true`` on the
 stand-in nx-27017 (taskmill's ``serializeWrites`` is removed from the raw loops' and
