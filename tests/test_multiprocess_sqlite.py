@@ -18,6 +18,18 @@ from taskmill.testing import wait_until
 pytestmark = pytest.mark.slow
 
 WORKER = Path(__file__).with_name("worker_process.py")
+# Where each started worker's output goes, by pid.
+_OUTPUTS: dict[int, Path] = {}
+
+
+def worker_output(proc: subprocess.Popen[bytes]) -> str:
+    """What a worker started by :meth:`Cluster.start` has printed so far."""
+    path = _OUTPUTS.get(proc.pid)
+    if path is not None and path.exists():
+        return path.read_bytes().decode(errors="replace")
+    if proc.stdout is not None and proc.poll() is not None:
+        return proc.stdout.read().decode(errors="replace")
+    return ""
 
 
 class Cluster:
@@ -29,13 +41,23 @@ class Cluster:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, *args: str) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            [sys.executable, str(WORKER), "--url", self.url, "--log", str(self.log), *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
+        # The output goes to a file, never to a pipe nobody reads while the worker runs:
+        # a worker that logs more than a pipe holds (64 KiB of reconnect warnings during
+        # a server restart, say) would block in its logging call and stop working.
+        output = self.log.with_name(f"worker-{len(self.procs)}.out")
+        with output.open("wb") as sink:
+            proc = subprocess.Popen(
+                [sys.executable, str(WORKER), "--url", self.url, "--log", str(self.log), *args],
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+            )
+        _OUTPUTS[proc.pid] = output
         self.procs.append(proc)
         return proc
+
+    def output(self, proc: subprocess.Popen[bytes]) -> str:
+        """What ``proc`` has printed so far."""
+        return worker_output(proc)
 
     def lines(self, kind: str) -> list[list[str]]:
         if not self.log.exists():
@@ -62,10 +84,11 @@ def wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> int:
         code = proc.wait(timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        out = proc.communicate()[0].decode(errors="replace")
+        proc.wait(10)
+        out = worker_output(proc)
         raise AssertionError(f"worker did not exit within {timeout} s; output:\n{out}") from None
     if code != 0:
-        out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+        out = worker_output(proc)
         raise AssertionError(f"worker exited with {code}; output:\n{out}")
     return code
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 from pathlib import Path
 
+import pytest
 from taskmill import Context, Taskmill, TaskStatus
 from taskmill.testing import wait_until
 
@@ -59,3 +61,49 @@ async def test_stop_returns_while_the_database_is_locked_and_the_task_is_rescued
         done = await tm.get(task.id)
         assert done is not None and done.result == "second attempt"
         assert done.attempts == 2
+
+
+async def test_an_unreachable_store_is_logged_as_one_line_per_retry_without_a_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """While the store cannot be used (here: another connection holds SQLite's write
+    lock), each failed claim is one WARNING line with the store's message, not a
+    traceback; and the worker carries on once the store is back."""
+    path = tmp_path / "outage.db"
+    url = f"sqlite:///{path}?busy_timeout=0.05"
+    async with Taskmill(url, plugins=False) as tm:
+
+        @tm.handler("quick")
+        async def quick(ctx: Context, params: dict) -> str:
+            return "done"
+
+        task = await tm.enqueue("quick")
+        blocker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        blocker.execute("BEGIN EXCLUSIVE")
+        caplog.set_level(logging.WARNING, logger="taskmill")
+        worker = tm.worker(handle_signals=False, min_poll_interval=0.01, poll_interval=0.05)
+        running = asyncio.create_task(worker.run())
+        try:
+
+            def failures() -> list[logging.LogRecord]:
+                return [r for r in caplog.records if r.getMessage().startswith("claiming failed")]
+
+            async def retried() -> bool:
+                return len(failures()) >= 2
+
+            await wait_until(retried, timeout=30)
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        for record in failures():
+            assert record.levelno == logging.WARNING
+            assert record.exc_info is None
+            assert "locked" in record.getMessage()
+
+        async def completed() -> bool:
+            done = await tm.get(task.id)
+            return done is not None and done.status is TaskStatus.COMPLETED
+
+        await wait_until(completed, timeout=30)
+        await worker.stop(grace=5)
+        await running

@@ -6,6 +6,9 @@ what went wrong and what to do about it.
 
 from __future__ import annotations
 
+import logging
+import sys
+
 
 class TaskmillError(Exception):
     """A taskmill operation failed."""
@@ -135,3 +138,18 @@ class Fail(TaskmillError):
 
 class WaitTimeout(TaskmillError, TimeoutError):
     """The task did not reach a terminal state within the timeout."""
+
+
+def log_retried_failure(logger: logging.Logger, message: str, *args: object) -> None:
+    """Log the exception being handled, for an operation that will be tried again.
+
+    An unreachable store (:class:`StorageUnavailable`, expected while a server restarts)
+    is one warning line ending with the store's own message; anything else is logged
+    with its traceback. A worker retrying through an outage thus logs a line per retry,
+    not a traceback of a hundred lines.
+    """
+    error = sys.exc_info()[1]
+    if isinstance(error, StorageUnavailable):
+        logger.warning(message + ": %s", *args, error)
+    else:
+        logger.exception(message, *args)

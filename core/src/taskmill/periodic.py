@@ -24,7 +24,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import attrs
 from cronsim import CronSim, CronSimError
 
-from taskmill.errors import ConfigurationError, DuplicateTaskId
+from taskmill.errors import ConfigurationError, DuplicateTaskId, log_retried_failure
 from taskmill.model import JSON, Priority, TaskSpec
 from taskmill.storage import NewTask, utcnow
 
@@ -367,5 +367,5 @@ class Scheduler:
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("the scheduler pass failed; retrying")
+                log_retried_failure(log, "the scheduler pass failed; retrying")
             await asyncio.sleep(self.seconds_until_next() + 0.001)

@@ -41,7 +41,15 @@ import attrs
 from taskmill import tracebacks
 from taskmill.backoff import RetryPolicy
 from taskmill.context import Context
-from taskmill.errors import Cancelled, ConfigurationError, Detached, Fail, Retry, TaskmillError
+from taskmill.errors import (
+    Cancelled,
+    ConfigurationError,
+    Detached,
+    Fail,
+    Retry,
+    TaskmillError,
+    log_retried_failure,
+)
 from taskmill.lifecycle import FINISHES, attempt_kind, finish_kind
 from taskmill.limits import TypeLimit
 from taskmill.model import AttemptOutcome, CancelReason, Priority, Task, TaskStatus
@@ -437,7 +445,7 @@ class Worker:
             try:
                 claimed, drained = await self._fill_slots()
             except Exception:
-                log.exception("claiming failed; retrying in %.1f s", poll)
+                log_retried_failure(log, "claiming failed; retrying in %.1f s", poll)
                 claimed, drained = 0, True
                 poll = min(self.poll_interval, poll * 2)
             if claimed:
@@ -463,7 +471,9 @@ class Worker:
                     due_in = await self._seconds_until_due()
                 except Exception:
                     # The store is unreachable (a server restart): not idle, retry.
-                    log.exception("checking for due work failed; retrying in %.1f s", poll)
+                    log_retried_failure(
+                        log, "checking for due work failed; retrying in %.1f s", poll
+                    )
                     due_in = poll
                     poll = min(self.poll_interval, poll * 2)
                 if due_in is None or due_in > self.idle_horizon:
@@ -884,7 +894,9 @@ class Worker:
                         len(batch),
                     )
                     break
-                log.exception("writing %d outcomes failed; retrying in %.2f s", len(batch), delay)
+                log_retried_failure(
+                    log, "writing %d outcomes failed; retrying in %.2f s", len(batch), delay
+                )
                 self._finishes[:0] = batch
                 await asyncio.sleep(delay)
                 delay = min(5.0, delay * 2)
@@ -982,7 +994,7 @@ class Worker:
             try:
                 held = await self._host.storage.renew_leases(leases, self.lease_seconds)
             except Exception:
-                log.exception("renewing %d leases failed", len(leases))
+                log_retried_failure(log, "renewing %d leases failed", len(leases))
                 continue
             await self._apply_lease_state(leases, held)
 
@@ -1001,7 +1013,7 @@ class Worker:
             try:
                 notified = await listener.wait(kinds, self.poll_interval)
             except Exception:
-                log.exception("waiting for change notifications failed")
+                log_retried_failure(log, "waiting for change notifications failed")
                 await asyncio.sleep(self.poll_interval)
                 continue
             if notified:
@@ -1023,7 +1035,7 @@ class Worker:
             try:
                 held = await self._host.storage.watch_leases(leases)
             except Exception:
-                log.exception("checking %d leases failed", len(leases))
+                log_retried_failure(log, "checking %d leases failed", len(leases))
                 continue
             await self._apply_lease_state(leases, held)
 
@@ -1082,7 +1094,7 @@ class Worker:
                 try:
                     await self._host.storage.save_progress(updates)
                 except Exception:
-                    log.exception("saving progress of %d tasks failed", len(updates))
+                    log_retried_failure(log, "saving progress of %d tasks failed", len(updates))
 
     async def _housekeeping_once(self) -> None:
         """Rescue expired leases, prune the event log, and run the periodic cleanup."""
@@ -1124,7 +1136,7 @@ class Worker:
             try:
                 await self._housekeeping_once()
             except Exception:
-                log.exception("housekeeping (rescue, event pruning, cleanup) failed")
+                log_retried_failure(log, "housekeeping (rescue, event pruning, cleanup) failed")
             await asyncio.sleep(self.rescue_interval)
 
     # -- shutdown -----------------------------------------------------------------------
