@@ -87,31 +87,65 @@ class Session:
     where the packet is sent (the transaction is then rolled back, as for any error).
     """
 
-    __slots__ = ("_deferred", "conn", "cursor")
+    __slots__ = ("_at", "_at_literal", "_deferred", "conn", "cursor")
 
     def __init__(self, conn: aiomysql.Connection, cursor: aiomysql.Cursor) -> None:
         self.conn = conn
         self.cursor = cursor
         self._deferred: list[str] = []
+        self._at: datetime | None = None
+        self._at_literal = ""
+
+    def literal(self, value: Any) -> str:
+        """``value`` as an SQL literal, as PyMySQL's ``escape`` writes it (which every
+        other type goes to), with the common types done here: about three times
+        cheaper than PyMySQL's dispatch, which was the largest Python cost of a bulk
+        enqueue. A datetime passed again (an operation's store clock) is formatted once.
+        """
+        kind = type(value)
+        if kind is str:
+            escaped: str = self.conn.escape_string(value)
+            return "'" + escaped + "'"
+        if kind is int:
+            return str(value)
+        if value is None:
+            return "NULL"
+        if kind is datetime:
+            if value is not self._at:
+                self._at_literal = self.conn.escape(value)
+                self._at = value
+            return self._at_literal
+        return str(self.conn.escape(value))
+
+    def render(self, sql: str, args: Sequence[Any] | Mapping[str, Any] | None) -> str:
+        """``sql`` with its ``%s`` (or ``%(name)s``) placeholders filled in with the
+        :meth:`literal` of each argument, as PyMySQL's ``mogrify`` does."""
+        if args is None:
+            return sql
+        literal = self.literal
+        if isinstance(args, Mapping):
+            return sql % {key: literal(value) for key, value in args.items()}
+        return sql % tuple([literal(value) for value in args])
 
     def defer(self, sql: str, args: Sequence[Any] | Mapping[str, Any] | None = None) -> None:
         """Run one statement whose result is not needed, with the next round trip."""
-        self._deferred.append(sql if args is None else self.cursor.mogrify(sql, args))
+        self._deferred.append(self.render(sql, args))
 
     def defer_rows(self, prefix: str, row: str, rows: Sequence[Sequence[Any]]) -> None:
         """Defer one multi-row ``INSERT``: ``prefix`` (``INSERT ... VALUES``), then
         ``row`` (its placeholders) filled in with each of ``rows``."""
         if rows:
-            mogrify = self.cursor.mogrify
-            self._deferred.append(prefix + ", ".join([mogrify(row, r) for r in rows]))
+            render = self.render
+            self._deferred.append(prefix + ", ".join([render(row, r) for r in rows]))
 
     async def _send(self, sql: str, args: Sequence[Any] | Mapping[str, Any] | None) -> int:
         """Run the deferred statements and then ``sql``; its row count."""
+        text = self.render(sql, args)
         if not self._deferred:
-            return int(await self.cursor.execute(sql, args))
+            return int(await self.cursor.execute(text))
         deferred = self._deferred
         self._deferred = []
-        deferred.append(sql if args is None else self.cursor.mogrify(sql, args))
+        deferred.append(text)
         result = await self.cursor.execute(";\n".join(deferred))
         for _ in range(len(deferred) - 1):
             result = await self.cursor.nextset()
