@@ -321,6 +321,7 @@ def main() -> None:
         metavar="NAME=DIR",
         help="also run taskmill with DIR first on PYTHONPATH (repeatable)",
     )
+    parser.add_argument("--no-huey", action="store_true", help="leave huey out")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--latency-tasks", type=int, default=200, help="0: no latency runs")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -332,7 +333,7 @@ def main() -> None:
             taskmill_child(args.url, args.tasks, int(concurrency), int(prefetch), float(window))
         )
         return
-    concurrencies = args.concurrency or [10, 100]
+    concurrencies = [] if args.no_huey else args.concurrency or [10, 100]
     settings = args.setting or DEFAULT_SETTINGS
     variants: dict[str, str | None] = {"current": None}
     for given in args.variant:
@@ -397,8 +398,10 @@ def main() -> None:
                     "ratio_to_raw": median_of(
                         name, s, lambda r, t: t["process_per_s"] / r["raw"]["process_per_s"]
                     ),
-                    "ratio_to_huey_same_concurrency": median_of(
-                        name, s, lambda r, t, s=s: versus_huey(r, t, s)
+                    "ratio_to_huey_same_concurrency": (
+                        median_of(name, s, lambda r, t, s=s: versus_huey(r, t, s))
+                        if s.split(":")[0] in rounds[0]["huey"]
+                        else None
                     ),
                     "round_trips_per_task": median_of(
                         name, s, lambda r, t: t["process_round_trips_per_task"]

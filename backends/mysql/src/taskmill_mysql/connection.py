@@ -172,11 +172,6 @@ class Session:
         """Run one statement; the number of rows it changed (or selected)."""
         return await self._send(sql, args)
 
-    async def execute_for_id(self, sql: str, args: Sequence[Any] | None = None) -> int:
-        """Run one statement; the ``LAST_INSERT_ID()`` it set."""
-        await self._send(sql, args)
-        return int(self.cursor.lastrowid)
-
     async def fetchall(self, sql: str, args: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         """Run one query; its rows."""
         await self._send(sql, args)
