@@ -265,6 +265,7 @@ async def test_an_event_writer_waits_for_the_one_before_it_to_commit(mysql_url: 
             await append_events(
                 session, [(int(seq), first.id, "progress", "running", datetime(2026, 1, 1))]
             )
+            await session.flush()  # its draw and INSERT are deferred to the commit
             second = asyncio.create_task(store.enqueue([new_task()]))
 
             async def second_waits_for_a_lock() -> bool:

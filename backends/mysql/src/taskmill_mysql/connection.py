@@ -15,10 +15,13 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, Final, TypeVar
 
 import aiomysql
 import pymysql
+import pymysql.converters
+from pymysql.constants import FIELD_TYPE
 from taskmill.errors import StorageUnavailable
 
 from taskmill_mysql.options import ParsedURL, redact
@@ -34,6 +37,25 @@ DUPLICATE_KEY: Final = 1062
 ACCESS_DENIED: Final = frozenset({1044, 1045, 1698})
 NO_SUCH_TABLE: Final = 1146
 _ATTEMPTS: Final = 8
+
+
+def _datetime(text: str) -> datetime | str:
+    """A ``DATETIME`` column's text as a naive datetime: the C ``fromisoformat``, about
+    ten times cheaper than PyMySQL's regex (a task snapshot holds up to six of them);
+    anything it refuses (a zero date) goes to PyMySQL's converter as before."""
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        value: datetime | str = pymysql.converters.convert_datetime(text)
+        return value
+
+
+CONVERSIONS: Final = {
+    **pymysql.converters.conversions,
+    FIELD_TYPE.DATETIME: _datetime,
+    FIELD_TYPE.TIMESTAMP: _datetime,
+}
+"""PyMySQL's conversions with the faster ``DATETIME`` decoder."""
 
 
 def error_code(exc: BaseException) -> int | None:
@@ -54,39 +76,123 @@ def is_unavailable(exc: BaseException) -> bool:
 
 
 class Session:
-    """One connection inside one operation: statements and their rows."""
+    """One connection inside one operation: statements and their rows.
 
-    __slots__ = ("conn", "cursor")
+    Writes whose result the operation does not read are **deferred** (:meth:`defer`):
+    rendered at once (PyMySQL's escaping) and sent together with the next statement
+    whose result is needed, or with the ``COMMIT`` (:meth:`commit`), as one
+    multi-statement packet (aiomysql connects with ``CLIENT.MULTI_STATEMENTS``): one
+    round trip instead of one per statement. They run in order, in the same
+    transaction; the server stops at the first that fails, and its error is raised
+    where the packet is sent (the transaction is then rolled back, as for any error).
+    """
+
+    __slots__ = ("_at", "_at_literal", "_deferred", "conn", "cursor")
 
     def __init__(self, conn: aiomysql.Connection, cursor: aiomysql.Cursor) -> None:
         self.conn = conn
         self.cursor = cursor
+        self._deferred: list[str] = []
+        self._at: datetime | None = None
+        self._at_literal = ""
+
+    def literal(self, value: Any) -> str:
+        """``value`` as an SQL literal, as PyMySQL's ``escape`` writes it (which every
+        other type goes to), with the common types done here: about three times
+        cheaper than PyMySQL's dispatch, which was the largest Python cost of a bulk
+        enqueue. A datetime passed again (an operation's store clock) is formatted once.
+        """
+        kind = type(value)
+        if kind is str:
+            escaped: str = self.conn.escape_string(value)
+            return "'" + escaped + "'"
+        if kind is int:
+            return str(value)
+        if value is None:
+            return "NULL"
+        if kind is datetime:
+            if value is not self._at:
+                self._at_literal = self.conn.escape(value)
+                self._at = value
+            return self._at_literal
+        return str(self.conn.escape(value))
+
+    def render(self, sql: str, args: Sequence[Any] | Mapping[str, Any] | None) -> str:
+        """``sql`` with its ``%s`` (or ``%(name)s``) placeholders filled in with the
+        :meth:`literal` of each argument, as PyMySQL's ``mogrify`` does."""
+        if args is None:
+            return sql
+        literal = self.literal
+        if isinstance(args, Mapping):
+            return sql % {key: literal(value) for key, value in args.items()}
+        return sql % tuple([literal(value) for value in args])
+
+    def defer(self, sql: str, args: Sequence[Any] | Mapping[str, Any] | None = None) -> None:
+        """Run one statement whose result is not needed, with the next round trip."""
+        self._deferred.append(self.render(sql, args))
+
+    def defer_rows(self, prefix: str, row: str, rows: Sequence[Sequence[Any]]) -> None:
+        """Defer one multi-row ``INSERT``: ``prefix`` (``INSERT ... VALUES``), then
+        ``row`` (its placeholders) filled in with each of ``rows``."""
+        if rows:
+            render = self.render
+            self._deferred.append(prefix + ", ".join([render(row, r) for r in rows]))
+
+    async def _send(self, sql: str, args: Sequence[Any] | Mapping[str, Any] | None) -> int:
+        """Run the deferred statements and then ``sql``; its row count."""
+        text = self.render(sql, args)
+        if not self._deferred:
+            return int(await self.cursor.execute(text))
+        deferred = self._deferred
+        self._deferred = []
+        deferred.append(text)
+        result = await self.cursor.execute(";\n".join(deferred))
+        for _ in range(len(deferred) - 1):
+            result = await self.cursor.nextset()
+            assert result, "a multi-statement packet returned fewer results than statements"
+        return int(self.cursor.rowcount)
+
+    async def flush(self) -> None:
+        """Send the deferred statements now (without committing)."""
+        if self._deferred:
+            await self._send(self._deferred.pop(), None)
+
+    def begin(self) -> None:
+        """Start the transaction, with the next round trip."""
+        self._deferred.append("START TRANSACTION")
+
+    async def commit(self) -> None:
+        """Commit, with the statements still deferred."""
+        if self._deferred:
+            await self._send("COMMIT", None)
+        else:
+            await self.conn.commit()
 
     async def execute(self, sql: str, args: Sequence[Any] | Mapping[str, Any] | None = None) -> int:
         """Run one statement; the number of rows it changed (or selected)."""
-        return int(await self.cursor.execute(sql, args))
-
-    async def execute_for_id(self, sql: str, args: Sequence[Any] | None = None) -> int:
-        """Run one statement; the ``LAST_INSERT_ID()`` it set."""
-        await self.cursor.execute(sql, args)
-        return int(self.cursor.lastrowid)
+        return await self._send(sql, args)
 
     async def fetchall(self, sql: str, args: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         """Run one query; its rows."""
-        await self.cursor.execute(sql, args)
+        await self._send(sql, args)
         return list(await self.cursor.fetchall())
 
     async def fetchone(self, sql: str, args: Sequence[Any] | None = None) -> tuple[Any, ...] | None:
         """Run one query; its first row, or None."""
-        await self.cursor.execute(sql, args)
+        await self._send(sql, args)
         row = await self.cursor.fetchone()
         return None if row is None else tuple(row)
 
     async def executemany(self, sql: str, args: Sequence[Sequence[Any]]) -> None:
-        """Run one ``INSERT ... VALUES`` for many rows (aiomysql sends it as one
-        multi-row statement)."""
-        if args:
-            await self.cursor.executemany(sql, args)
+        """Run ``sql`` once per row of ``args``, deferred: an ``INSERT ... VALUES (row)``
+        as one multi-row statement (:meth:`defer_rows`), anything else one statement
+        per row."""
+        prefix, values, row = sql.partition(" VALUES ")
+        if values and prefix.lstrip().upper().startswith("INSERT"):
+            self.defer_rows(prefix + values, row, args)
+        else:
+            for one in args:
+                self.defer(sql, one)
 
 
 def _password_hint(parsed: ParsedURL) -> str:
@@ -149,6 +255,7 @@ class Database:
                 connect_timeout=p.options.connect_timeout,
                 charset=p.options.charset,
                 autocommit=True,
+                conv=CONVERSIONS,
             )
         except (pymysql.err.MySQLError, OSError, TimeoutError) as exc:
             raise self.unavailable(exc, "connect to") from exc
@@ -183,6 +290,7 @@ class Database:
                 db=p.database,
                 init_command=self._init_command(),
                 pool_recycle=3600,
+                conv=CONVERSIONS,
             )
         except (pymysql.err.MySQLError, OSError, TimeoutError) as exc:
             raise self.unavailable(exc, "connect to") from exc
@@ -251,10 +359,10 @@ class Database:
                 session = Session(conn, cursor)
                 if not transaction:
                     return await fn(session)
-                await conn.begin()
+                session.begin()
                 try:
                     result = await fn(session)
-                    await conn.commit()
+                    await session.commit()
                 except BaseException:
                     # A connection that cannot roll back is closed (the pool drops it).
                     try:

@@ -43,15 +43,19 @@ from taskmill.lifecycle import (
     enqueued,
     finish_kind,
     key_taken,
+    plan,
     rescue_case,
+    settles_aliases,
     split_taken,
     unknown_dependency,
 )
 from taskmill.model import (
+    NO_PROGRESS,
     Attempt,
     AttemptOutcome,
     CancelReason,
     EventKind,
+    Progress,
     ProgressSummary,
     SuspensionScope,
     Task,
@@ -59,7 +63,7 @@ from taskmill.model import (
     TaskFilter,
     TaskStatus,
 )
-from taskmill.serialization import dumps
+from taskmill.serialization import dumps, loads
 from taskmill.sql.rows import REASON, STATUS, leads_aliases
 from taskmill.storage import (
     ClaimRequest,
@@ -76,19 +80,22 @@ from taskmill_mysql import statements as sql
 from taskmill_mysql.connection import Session
 from taskmill_mysql.limits import apply_limits, spend_tokens
 from taskmill_mysql.rows import (
+    ATTEMPTS,
     CANCEL_REASON,
     ERROR,
     EVENT_COLUMNS,
     ID,
+    PRIORITY,
     RESULT,
     SEQ,
     STATUS_COL,
     TASK_COLUMNS,
+    WORKER_ID,
     Row,
     as_datetime,
     as_stored,
     attempt,
-    claimed,
+    claimed_row,
     event,
     task,
 )
@@ -128,18 +135,21 @@ async def now(s: Session) -> datetime:
 
 async def append_events(s: Session, events: list[Event]) -> None:
     """Append ``events`` in order, drawing their seqs from the locked ``event_cursor``
-    row: the last statements of a transaction, so that the row lock is held only from
-    here to the commit and seqs follow commit order."""
+    row: the last statements of a transaction (both deferred, so they go to the server
+    with the ``COMMIT``), so that the row lock is held only from here to the commit
+    and seqs follow commit order. The draw leaves the last seq in ``LAST_INSERT_ID()``,
+    from which the ``INSERT`` numbers the events on the server."""
     if not events:
         return
-    last = await s.execute_for_id(sql.EVENT_CURSOR_DRAW, (len(events),))
-    first = last - len(events) + 1
+    s.defer(sql.EVENT_CURSOR_DRAW, (len(events),))
+    back = len(events)
     for start in range(0, len(events), sql.CHUNK):
         chunk = events[start : start + sql.CHUNK]
-        args: list[Any] = []
-        for n, (task_seq, task_id, kind, status, at) in enumerate(chunk, first + start):
-            args += (n, task_seq, task_id, kind, status, at)
-        await s.execute(sql.INSERT_EVENTS + ", ".join([sql.EVENT_ROW] * len(chunk)), args)
+        rows: list[tuple[Any, ...]] = []
+        for event_ in chunk:
+            back -= 1
+            rows.append((back, *event_))
+        s.defer_rows(sql.INSERT_EVENTS, sql.EVENT_ROW, rows)
 
 
 async def _by_seq(s: Session, seqs: Sequence[int]) -> list[Row]:
@@ -159,7 +169,7 @@ async def _settle_aliases(s: Session, leader: Row, at: datetime, events: list[Ev
     if not locked:
         return []
     status = leader[STATUS_COL]
-    await s.execute(
+    s.defer(
         sql.SETTLE_ALIASES,
         (status, leader[RESULT], leader[ERROR], leader[CANCEL_REASON], at, at, leader[ID]),
     )
@@ -207,10 +217,10 @@ async def settle_dependents(
             found = await s.fetchall(sql.lock_edges(len(chunk)), chunk)
             if found:
                 edges += found
-                await s.execute(sql.delete_edges(len(chunk)), chunk)
+                s.defer(sql.delete_edges(len(chunk)), chunk)
         level = []
         for dependency, dependent_id, always in edges:
-            await s.execute(sql.COUNT_DOWN, (dependent_id,))
+            s.defer(sql.COUNT_DOWN, (dependent_id,))
             row = await s.fetchone(sql.WAITING_OF, (dependent_id,))
             if row is None:
                 continue  # deleted by cleanup
@@ -222,7 +232,7 @@ async def settle_dependents(
                 events.append((seq, dependent_id, _RELEASED, "pending", at))
             elif outcome is DependentOutcome.CANCELLED:
                 error = dependency_error(dependency, ended_as)
-                await s.execute(sql.DEPENDENCY_CANCEL, {"now": at, "error": error, "seq": seq})
+                s.defer(sql.DEPENDENCY_CANCEL, {"now": at, "error": error, "seq": seq})
                 events.append((seq, dependent_id, _CANCELLED_EVENT, "cancelled", at))
                 cancelled += await _by_seq(s, [seq])
                 level.append((dependent_id, "cancelled"))
@@ -278,7 +288,7 @@ async def enqueue(s: Session, tasks: Sequence[NewTask]) -> list[Task]:
     seq_of: dict[str, int] = {}
     for chunk in _chunks(values):
         args = [v for row in chunk for v in row]
-        await s.execute(sql.INSERT_PREFIX + ", ".join([sql.INSERT_ROW] * len(chunk)), args)
+        s.defer(sql.INSERT_PREFIX + ", ".join([sql.INSERT_ROW] * len(chunk)), args)
         ids = [row[0] for row in chunk]
         seq_of.update(await s.fetchall(sql.select_seqs_by_id(len(ids)), ids))
     events: list[Event] = [(seq_of[t.id], t.id, _ENQUEUED, "pending", at) for t in stored]
@@ -287,7 +297,7 @@ async def enqueue(s: Session, tasks: Sequence[NewTask]) -> list[Task]:
     for index, (dependency, status) in blocked.items():
         seq = seq_of[fresh[index].id]
         error = dependency_error(dependency, STATUS[status])
-        await s.execute(sql.DEPENDENCY_CANCEL, {"now": at, "error": error, "seq": seq})
+        s.defer(sql.DEPENDENCY_CANCEL, {"now": at, "error": error, "seq": seq})
         (row,) = await _by_seq(s, [seq])
         events.append((seq, row[ID], _CANCELLED_EVENT, "cancelled", at))
         stored[index] = task(row)
@@ -345,25 +355,34 @@ async def claim(s: Session, request: ClaimRequest) -> list[Task]:
     if request.limits:
         limited = await apply_limits(s, request, at)
         request = limited.request
-    picked: list[tuple[int, int]] = []
+    picked: list[Row] = []
     for text, args in _claim_branches(request, suspended):
         args[args.index(None, 1)] = at
-        picked += [(int(p), int(q)) for q, p in await s.fetchall(text, args)]
+        picked += await s.fetchall(text, args)
     if not picked:
         return []
-    picked.sort(key=lambda r: (-r[0], r[1]))
-    seqs = [q for _, q in picked[: request.limit]]
+    # Claim order (priority DESC, then creation) across the keys; what a key locked
+    # beyond the limit stays as it is (locked until the commit, not updated).
+    picked.sort(key=lambda r: (-r[PRIORITY], r[SEQ]))
+    del picked[request.limit :]
     lease = at + timedelta(seconds=request.lease_seconds)
-    await s.execute(
-        sql.CLAIM_UPDATE.format(sql.marks(len(seqs))),
-        [request.worker_id, at, at, lease, *seqs],
+    s.defer(
+        sql.CLAIM_UPDATE.format(sql.seq_list(r[SEQ] for r in picked)),
+        [request.worker_id, at, at, lease],
     )
-    rows = await _by_seq(s, seqs)
-    snapshots = claimed(rows)  # also puts rows in claim order
-    await append_events(s, [(r[SEQ], r[ID], _STARTED, "running", at) for r in rows])
+    rows = [claimed_row(r, request.worker_id, at, lease) for r in picked]
+    snapshots = [task(r) for r in rows]
+    await append_events(
+        s, [(r[SEQ], r[ID], _STARTED, "running", at) for r in sorted(rows, key=_seq_of)]
+    )
     if limited is not None:
         await spend_tokens(s, limited, snapshots)
     return snapshots
+
+
+def _seq_of(row: Row) -> int:
+    seq: int = row[SEQ]
+    return seq
 
 
 async def _lock_running(s: Session, ids: Sequence[str]) -> dict[str, Row]:
@@ -410,11 +429,50 @@ async def _apply_finishes(
         for row in chunk:
             args += row
         args += [at] * sql.finish_now_count(kind)
-        await s.execute(sql.finish_sql(kind, len(chunk)), args)
+        s.defer(sql.finish_sql(kind, len(chunk)), args)
+
+
+_FINISH_PLANS: Final = {kind: plan(t) for kind, t in FINISHES.items()}
+
+
+def _finished(before: Task, one: Finish, kind: FinishKind, at: datetime) -> Task:
+    """The snapshot of ``before`` after :func:`_apply_finishes` wrote ``one`` as
+    ``kind`` at ``at``: the kernel's transition (:meth:`TransitionPlan.apply`) given the
+    values of :func:`_finish_values` as the row holds them once stored (JSON text
+    decoded again, progress as the DOUBLE columns return it), so that it equals what
+    a read back would return."""
+    now = as_datetime(at)
+    changes: dict[str, Any] = {}
+    if one.data is not None:
+        changes["data"] = loads(dumps(one.data))
+    progress = one.progress
+    if progress is not None:
+        changes["progress"] = (
+            NO_PROGRESS
+            if progress.done == 0 and progress.total is None and progress.message is None
+            else Progress(
+                float(progress.done),
+                None if progress.total is None else float(progress.total),
+                progress.message,
+            )
+        )
+    result = one.result_json
+    reason = None
+    if one.kind is FinishKind.CANCEL:
+        reason = one.cancel_reason or DEFAULT_CANCEL_REASON
+    return _FINISH_PLANS[kind].apply(
+        before,
+        now,
+        run_later=now + timedelta(seconds=one.retry_in or 0),
+        result=None if result is None or result == "null" else loads(result),
+        error=one.error,
+        cancel_reason=reason,
+        **changes,
+    )
 
 
 async def finish(s: Session, finishes: Sequence[Finish]) -> list[Task | None]:
-    at = await now(s)
+    at: datetime | None = None
     results: list[Task | None] = [None] * len(finishes)
     log: list[Row] = []
     events: list[Event] = []
@@ -430,33 +488,42 @@ async def finish(s: Session, finishes: Sequence[Finish]) -> list[Task | None]:
             rounds.append([])
         rounds[n].append(index)
     for indexes in rounds:
-        locked = await _lock_running(s, [finishes[i].lease.task_id for i in indexes])
-        applied: dict[int, tuple[int, FinishKind]] = {}
+        locked: dict[str, Row] = {}
+        for chunk in _chunks(list(dict.fromkeys(finishes[i].lease.task_id for i in indexes))):
+            text = sql.LOCK_FINISHING.format(sql.marks(len(chunk)))
+            for row in await s.fetchall(text, chunk):
+                locked[row[ID]] = row
+                if at is None:
+                    at = row[-1]  # the store clock, read with the locks
+        if at is None:
+            continue  # nothing held: nothing to write
+        applied: dict[int, tuple[Row, FinishKind]] = {}
         by_kind: dict[FinishKind, list[list[Any]]] = {}
         for index in indexes:
             one = finishes[index]
-            row = locked.get(one.lease.task_id)
-            if row is None or not _held(row, one.lease):
+            held = locked.get(one.lease.task_id)
+            if held is None or held[WORKER_ID] != one.lease.worker_id:
                 continue
-            kind = finish_kind(one.kind, stop_requested=row[4] is not None)
-            by_kind.setdefault(kind, []).append(_finish_values(one, row[0], at))
-            applied[index] = (row[0], kind)
+            if held[ATTEMPTS] != one.lease.attempt:
+                continue
+            kind = finish_kind(one.kind, stop_requested=held[CANCEL_REASON] is not None)
+            by_kind.setdefault(kind, []).append(_finish_values(one, held[SEQ], at))
+            applied[index] = (held, kind)
         for kind, values in by_kind.items():
             await _apply_finishes(s, at, kind, values)
-        rows = {r[SEQ]: r for r in await _by_seq(s, [q for q, _ in applied.values()])}
-        for index in indexes:
-            if index not in applied:
-                continue
-            seq, kind = applied[index]
-            row = rows[seq]
+        for index, (row, kind) in applied.items():
             one = finishes[index]
+            after = _finished(task(row), one, kind, at)
+            seq = row[SEQ]
+            status = after.status.value
             kind_event, outcome = _APPLIED[kind]
             outcome = outcome or one.outcome.value
-            events.append((seq, row[ID], kind_event, row[STATUS_COL], at))
-            if row[STATUS_COL] in _TERMINAL:
-                ended.append((row[ID], row[STATUS_COL]))
-            if leads_aliases(row):
-                for alias in await _settle_aliases(s, row, at, events):
+            events.append((seq, after.id, kind_event, status, at))
+            if status in _TERMINAL:
+                ended.append((after.id, status))
+            if settles_aliases(after.status, after.dedupe_key, after.alias_of):
+                (stored,) = await _by_seq(s, [seq])  # the leader as stored, for its aliases
+                for alias in await _settle_aliases(s, stored, at, events):
                     ended.append((alias[ID], alias[STATUS_COL]))
             lease = one.lease
             log.append(
@@ -466,7 +533,9 @@ async def finish(s: Session, finishes: Sequence[Finish]) -> list[Task | None]:
                     None if outcome == _COMPLETED else one.error,
                 )
             )  # fmt: skip
-            results[index] = task(row)
+            results[index] = after
+    if at is None:
+        return results
     if ended:
         await settle_dependents(s, ended, at, events)
     await s.executemany(sql.INSERT_ATTEMPT, log)
@@ -488,7 +557,7 @@ async def renew(s: Session, args: tuple[Sequence[Lease], float]) -> dict[str, Ca
             seqs.append(row[0])
     until = at + timedelta(seconds=lease_seconds)
     for chunk in _chunks(seqs):
-        await s.execute(sql.RENEW.format(sql.marks(len(chunk))), [until, *chunk])
+        s.defer(sql.RENEW.format(sql.marks(len(chunk))), [until, *chunk])
     return held
 
 
@@ -510,7 +579,7 @@ async def save_progress(s: Session, updates: Sequence[ProgressUpdate]) -> set[st
             args.append(dumps(update.data))
         args.append(row[0])
         text = sql.PROGRESS_SQL[progress is not None, update.data is not None]
-        await s.execute(text, args)
+        s.defer(text, args)
         written.add(update.lease.task_id)
         events.append((row[0], update.lease.task_id, _PROGRESS, "running", at))
     await append_events(s, events)
@@ -531,7 +600,7 @@ async def rescue(s: Session, limit: int) -> list[Task]:
     for seq, _, _, attempts, max_retries, _, reason in expired:
         case = rescue_case(None if reason is None else REASON[reason], attempts, max_retries)
         transitions[seq] = RESCUES[case]
-        await s.execute(sql.RESCUE[case], {"now": at, "seq": seq})
+        s.defer(sql.RESCUE[case], {"now": at, "seq": seq})
     rows = {r[SEQ]: r for r in await _by_seq(s, list(transitions))}
     rescued: list[Task] = []
     log: list[Row] = []
@@ -571,7 +640,7 @@ async def redrive(s: Session, task_id: str) -> Task:
         if leader is not None:
             raise key_taken(task_id, leader[0], dedupe_key)
     at = await now(s)
-    await s.execute(sql.REDRIVE, (at, at, seq))
+    s.defer(sql.REDRIVE, (at, at, seq))
     (row,) = await _by_seq(s, [seq])
     await append_events(s, [(seq, task_id, REDRIVE_EVENT.value, "pending", at)])
     return task(row)
@@ -706,7 +775,7 @@ async def cancel(
         asked = [r for r in await _lock_active(s, targets, running_only=True) if r[7] is None]
         seqs = [r[0] for r in asked]
         for chunk in _chunks(seqs):
-            await s.execute(
+            s.defer(
                 "UPDATE tasks SET cancel_reason = %s, updated_at = %s "
                 f"WHERE seq IN ({sql.marks(len(chunk))})",
                 [reason.value, at, *chunk],
@@ -727,7 +796,7 @@ async def cancel(
     direct = [r[0] for r in active if first.get(r[6], len(targets)) > position[r[1]]]
     for chunk in _chunks(direct):
         named = ", ".join(f"%(s{i})s" for i in range(len(chunk)))
-        await s.execute(
+        s.defer(
             f"UPDATE tasks SET {sql.CANCELLATION_SET}, updated_at = %(now)s, "
             f"{sql.LEASE_CLEARED} WHERE seq IN ({named})",
             {"now": at, "reason": reason.value, **{f"s{i}": q for i, q in enumerate(chunk)}},
@@ -783,7 +852,7 @@ async def watch(s: Session, leases: Sequence[Lease]) -> dict[str, CancelReason |
 async def suspend(s: Session, scope: SuspensionScope) -> int:
     await s.execute(sql.CLAIM_GATE_EXCLUSIVE)
     at = await now(s)
-    await s.execute(sql.SUSPEND, (scope.task_type, scope.app_id, at))
+    s.defer(sql.SUSPEND, (scope.task_type, scope.app_id, at))
     where = "status = 'running' AND cancel_reason IS NULL"
     params: list[Any] = []
     if scope.task_type is not None:
@@ -796,7 +865,7 @@ async def suspend(s: Session, scope: SuspensionScope) -> int:
         f"SELECT seq, id FROM tasks WHERE {where} ORDER BY seq FOR UPDATE", params
     )
     for chunk in _chunks([r[0] for r in asked]):
-        await s.execute(
+        s.defer(
             "UPDATE tasks SET cancel_reason = 'suspended', updated_at = %s "
             f"WHERE seq IN ({sql.marks(len(chunk))})",
             [at, *chunk],

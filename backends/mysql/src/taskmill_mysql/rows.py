@@ -20,9 +20,9 @@ from taskmill.sql.rows import (
     TASK_COLUMN_NAMES,
     TaskColumn,
     attempt_reader,
+    column_index,
     task_reader,
 )
-from taskmill.sql.rows import claim_order as _claim_order
 
 __all__ = [
     "ALIAS_OF",
@@ -37,7 +37,7 @@ __all__ = [
     "as_datetime",
     "as_stored",
     "attempt",
-    "claimed",
+    "claimed_row",
     "event",
     "task",
 ]
@@ -54,6 +54,10 @@ ERROR: Final = TaskColumn.ERROR
 DEDUPE_KEY: Final = TaskColumn.DEDUPE_KEY
 ALIAS_OF: Final = TaskColumn.ALIAS_OF
 CANCEL_REASON: Final = TaskColumn.CANCEL_REASON
+PRIORITY: Final = TaskColumn.PRIORITY
+_AT: Final = column_index(TASK_COLUMN_NAMES)
+STATUS_AT, ATTEMPTS, WORKER_ID = _AT["status"], _AT["attempts"], _AT["worker_id"]
+STARTED_AT, UPDATED_AT, LEASE = _AT["started_at"], _AT["updated_at"], _AT["lease_expires_at"]
 
 
 def as_datetime(value: datetime) -> datetime:
@@ -73,9 +77,17 @@ attempt: Final = attempt_reader(timestamp=as_datetime)
 """An execution-log row (number, worker_id, started_at, finished_at, outcome, error)."""
 
 
-def claimed(rows: list[Row]) -> list[Task]:
-    """Snapshots of claimed rows in claim order (priority DESC, then creation)."""
-    return _claim_order(rows, task, TASK_COLUMN_NAMES)
+def claimed_row(row: Row, worker_id: str, at: datetime, lease: datetime) -> Row:
+    """A PENDING row selected as :data:`TASK_COLUMNS` as the claim's ``UPDATE``
+    (``statements.CLAIM_UPDATE``) leaves it: RUNNING, one more attempt, this worker's
+    lease, started and updated now."""
+    new = list(row)
+    new[STATUS_AT] = "running"
+    new[ATTEMPTS] = row[ATTEMPTS] + 1
+    new[WORKER_ID] = worker_id
+    new[STARTED_AT] = new[UPDATED_AT] = at
+    new[LEASE] = lease
+    return tuple(new)
 
 
 EVENT_COLUMNS: Final = 4

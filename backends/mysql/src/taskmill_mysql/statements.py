@@ -15,6 +15,7 @@ Conventions:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Final
 
 from taskmill.lifecycle import (
@@ -55,6 +56,13 @@ def filter_sql(f: TaskFilter) -> SQLFilter:
 def marks(n: int) -> str:
     """``n`` placeholders, comma-separated."""
     return ", ".join(["%s"] * n)
+
+
+def seq_list(seqs: Iterable[int]) -> str:
+    """Seqs as SQL integer literals, comma-separated: cheaper than binding each one
+    (PyMySQL escapes every argument in Python), and safe, since ``int`` renders only
+    digits and a sign."""
+    return ", ".join([str(int(q)) for q in seqs])
 
 
 CHUNK: Final = 500
@@ -121,6 +129,13 @@ LOCK_RUNNING: Final = (
     "AND status = 'running' FOR UPDATE"
 )
 """Lock the RUNNING rows among some ids (formatted with their placeholders)."""
+LOCK_FINISHING: Final = (
+    f"SELECT {TASK_COLUMNS}, NOW(6) FROM tasks WHERE id IN ({{}}) AND status = 'running' FOR UPDATE"
+)
+"""A finish's first statement: the snapshots of the RUNNING rows among some ids
+(formatted with their placeholders), locked, each followed by the store clock, so that
+a finish reads the clock without a round trip of its own (a finish that locks nothing
+writes nothing, and needs no clock)."""
 FINISH_COLUMNS: Final = (
     "seq", "later", "result", "error", "reason", "data", "has_progress", "done", "total",
     "message",
@@ -219,12 +234,16 @@ CLAIM_UPDATE: Final = (
     "UPDATE tasks SET status = 'running', attempts = attempts + 1, worker_id = %s, "
     "started_at = %s, updated_at = %s, lease_expires_at = %s WHERE seq IN ({})"
 )
+"""The claim of some locked rows (formatted with their :func:`seq_list`); what it
+writes is applied to the rows in Python by :func:`taskmill_mysql.rows.claimed_row`."""
 
 
 def claim_select(app_key: bool, excluded: int, min_priority: bool) -> str:
     """Pick (and lock, skipping rows other claims hold) one handler key's best due tasks
-    through ``tasks_claim``: parameters task type, [app id | excluded apps], now,
-    [min priority], limit."""
+    through ``tasks_claim``, their whole snapshots (the claim's ``UPDATE`` is then
+    applied to them in Python, :func:`taskmill_mysql.rows.claimed_row`, instead of
+    being read back): parameters task type, [app id | excluded apps], now, [min
+    priority], limit."""
     if app_key:
         app = " AND app_id = %s"
     elif excluded:
@@ -233,7 +252,7 @@ def claim_select(app_key: bool, excluded: int, min_priority: bool) -> str:
         app = ""
     prio = " AND priority >= %s" if min_priority else ""
     return (
-        f"SELECT seq, priority FROM tasks FORCE INDEX (tasks_claim) WHERE claim_type = %s{app} "
+        f"SELECT {TASK_COLUMNS} FROM tasks FORCE INDEX (tasks_claim) WHERE claim_type = %s{app} "
         f"AND run_at <= %s{prio} ORDER BY claim_rank, seq LIMIT %s FOR UPDATE SKIP LOCKED"
     )
 
@@ -248,11 +267,13 @@ NEXT_RUN: Final = (
 
 EVENT_CURSOR_DRAW: Final = "UPDATE event_cursor SET value = LAST_INSERT_ID(value + %s) WHERE id = 1"
 """Draw ``n`` event seqs: the row lock is held to the commit (see 0001_initial.sql), and
-the last seq drawn comes back with the statement's result (``LAST_INSERT_ID``), without
-a round trip of its own."""
+the last seq drawn is left in the session's ``LAST_INSERT_ID()`` for the events'
+``INSERT`` (:data:`EVENT_ROW`) that follows it."""
 EVENT_CURSOR: Final = "SELECT value FROM event_cursor WHERE id = 1"
 INSERT_EVENTS: Final = "INSERT INTO events (seq, task_seq, task_id, kind, status, at) VALUES "
-EVENT_ROW: Final = "(%s, %s, %s, %s, %s, %s)"
+EVENT_ROW: Final = "(LAST_INSERT_ID() - %s, %s, %s, %s, %s, %s)"
+"""One event: how many seqs before the last one drawn (:data:`EVENT_CURSOR_DRAW` in
+the same transaction), task seq, task id, kind, status, at."""
 READ_EVENTS: Final = (
     f"SELECT e.seq, e.kind, e.status, e.at, {', '.join(f't.{c}' for c in TASK_COLUMN_NAMES)} "
     "FROM events AS e LEFT JOIN tasks AS t ON t.seq = e.task_seq AND t.id = e.task_id "
