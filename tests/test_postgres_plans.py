@@ -36,6 +36,7 @@ BATCH = 10_000
 WORKER = "planner"
 STATEMENTS = (
     "finish",
+    "finish_applied",
     "claim_batch",
     "renew_leases",
     "watch_leases",
@@ -91,13 +92,14 @@ def statement(name: str, schema: str, leases: list[Lease]) -> tuple[str, list[An
     workers = [x.worker_id for x in leases]
     attempts = [x.attempt for x in leases]
     n = len(leases)
-    if name == "finish":
+    if name in ("finish", "finish_applied"):
         now = utcnow()
         finishes = [
             Finish(x, FinishKind.COMPLETE, AttemptOutcome.COMPLETED, now, now, result_json="1")
             for x in leases
         ]
-        return sql.finish, [*_finish_arrays(finishes, list(range(n))), lock, channel]
+        finish_sql = sql.finish if name == "finish" else sql.finish_applied
+        return finish_sql, [*_finish_arrays(finishes, list(range(n))), lock, channel]
     if name == "renew_leases":
         return sql.renew, [ids, workers, attempts, 30.0]
     if name == "watch_leases":

@@ -506,21 +506,27 @@ def split_taken(
 def enqueued(new: NewTask, *, now: datetime, run_at: datetime, alias_of: str | None) -> Task:
     """The snapshot an enqueue stores for ``new`` at ``now``: PENDING, due at ``run_at``,
     no attempt yet, an alias of ``alias_of`` when a leader holds its dedupe key."""
+    # Positional up to user_id (the field order of Task): a keyword call costs more.
     return Task(
-        id=new.id,
-        task_type=new.task_type,
-        status=TaskStatus.PENDING,
-        created_at=now,
-        run_at=run_at,
-        updated_at=now,
-        app_id=new.app_id,
-        params=loads(new.params_json),
-        priority=int(new.priority),
-        max_retries=new.max_retries,
-        dedupe_key=new.dedupe_key,
-        alias_of=alias_of,
-        parent_id=new.parent_id,
-        user_id=new.user_id,
+        new.id,
+        new.task_type,
+        TaskStatus.PENDING,
+        now,
+        run_at,
+        now,
+        new.app_id,
+        loads(new.params_json),
+        {},
+        int(new.priority),
+        0,
+        new.max_retries,
+        None,
+        None,
+        NO_PROGRESS,
+        new.dedupe_key,
+        alias_of,
+        new.parent_id,
+        new.user_id,
     )
 
 

@@ -250,7 +250,7 @@ class TaskSpec:
             raise InvalidTaskSpec(
                 f"a task spec is a TaskSpec or a dict, not {type(value).__name__}"
             )
-        unknown = set(value) - set(attrs.fields_dict(cls))
+        unknown = value.keys() - _SPEC_FIELDS
         if unknown:
             raise InvalidTaskSpec(f"unknown task spec field(s): {', '.join(sorted(unknown))}")
         if "task_type" not in value:
@@ -259,6 +259,9 @@ class TaskSpec:
             return cls(**value)
         except (TypeError, ValueError) as exc:
             raise InvalidTaskSpec(f"invalid task spec: {exc}") from None
+
+
+_SPEC_FIELDS: frozenset[str] = frozenset(attrs.fields_dict(TaskSpec))
 
 
 @attrs.frozen

@@ -434,6 +434,13 @@ class TaskStorage(abc.ABC):
             lost (the task was rescued or re-claimed); such finishes change nothing.
         """
 
+    async def finish_batch_applied(self, finishes: Sequence[Finish]) -> list[bool]:
+        """:meth:`finish_batch` for a caller that needs no snapshots (a worker that no
+        plugin observes): the same changes, and per finish, in order, whether it was
+        applied (its lease held). A store may make this cheaper by not building the
+        snapshots; by default it calls :meth:`finish_batch`."""
+        return [stored is not None for stored in await self.finish_batch(finishes)]
+
     @abc.abstractmethod
     async def renew_leases(
         self, leases: Sequence[Lease], lease_seconds: float

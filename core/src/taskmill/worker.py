@@ -882,8 +882,16 @@ class Worker:
             self._in_flight = batch
             self._flushing = True
             began = time.monotonic()
+            finishes = [f for f, _ in batch]
+            # The snapshots are for the plugins observing finishes; without any, a
+            # store need not build them.
+            results: list[Task | None] | None = None
             try:
-                results = await self._host.storage.finish_batch([f for f, _ in batch])
+                if self._host.plugins.observes_finishes:
+                    results = await self._host.storage.finish_batch(finishes)
+                    applied = [stored is not None for stored in results]
+                else:
+                    applied = await self._host.storage.finish_batch_applied(finishes)
             except Exception:
                 self._in_flight = []
                 self._flushing = False
@@ -904,15 +912,17 @@ class Worker:
             self._in_flight = []
             self._note_write_time(time.monotonic() - began, len(batch))
             self.processed += len(batch)
-            for (finish, claimed), stored in zip(batch, results, strict=True):
-                if stored is None:
+            for index, ((finish, claimed), written) in enumerate(zip(batch, applied, strict=True)):
+                if not written:
                     log.info(
                         "task %s: lease lost before its outcome was written; the "
                         "store kept the other writer's state",
                         finish.lease.task_id,
                     )
+                if results is None:
+                    continue
                 try:
-                    await self._notify_finished(finish, stored, claimed)
+                    await self._notify_finished(finish, results[index], claimed)
                 except Exception:
                     log.exception(
                         "after-finish notification for task %s failed", finish.lease.task_id

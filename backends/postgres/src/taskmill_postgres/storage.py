@@ -30,6 +30,7 @@ modules.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 from collections.abc import Awaitable, Callable, Sequence
@@ -41,6 +42,7 @@ import asyncpg
 import attrs
 from taskmill.cursors import position_token, token_position
 from taskmill.errors import (
+    DuplicateTaskId,
     StorageUnavailable,
     TaskNotFound,
 )
@@ -507,9 +509,18 @@ class PostgresStorage(TaskStorage):
         async def insert(
             conn: Conn,
         ) -> tuple[list[NewTask], dict[str, Task], Record | None, dict[str, Record]]:
-            for _ in range(_ATTEMPTS):
-                found = await conn.fetch(self.sql.by_ids, wanted)
-                fresh, known = split_taken(tasks, {r["id"]: rows.task(r) for r in found})
+            for round_ in range(_ATTEMPTS):
+                fresh: list[NewTask] = []
+                known: dict[str, Task] = {}
+                if round_ == 0:
+                    # Optimistically, as if none of the ids were stored (fresh ids, the
+                    # usual case): a stored one makes the insert fail on tasks_id_key,
+                    # and the next round reads them. One round trip instead of two.
+                    with contextlib.suppress(DuplicateTaskId):  # decided by the next round
+                        fresh, known = split_taken(tasks, {})
+                if not fresh:
+                    found = await conn.fetch(self.sql.by_ids, wanted)
+                    fresh, known = split_taken(tasks, {r["id"]: rows.task(r) for r in found})
                 if not fresh:
                     return fresh, known, None, {}
                 try:
@@ -567,9 +578,14 @@ class PostgresStorage(TaskStorage):
             keys.append(new.dedupe_key)
             parents.append(new.parent_id)
             users.append(new.user_id)
+        n = len(ids)
+        # An array of nothing but NULLs (zeros for waiting) is sent as NULL: unnest pads
+        # it with NULLs (the statement reads NULL waiting as 0), and asyncpg does not
+        # check a thousand NULLs for being nested arrays.
         return (
-            ids, types, apps, params, priorities, retries, run_ats, keys, parents, users,
-            self._events_lock, self.channel, waiting,
+            ids, types, _or_null(apps, n), params, priorities, retries, _or_null(run_ats, n),
+            _or_null(keys, n), _or_null(parents, n), _or_null(users, n),
+            self._events_lock, self.channel, None if waiting.count(0) == n else waiting,
         )  # fmt: skip
 
     async def _dependencies(
@@ -655,14 +671,7 @@ class PostgresStorage(TaskStorage):
         """
         if not finishes:
             return []
-        rounds: list[list[int]] = []
-        seen: dict[str, int] = {}
-        for index, finish in enumerate(finishes):
-            n = seen.get(finish.lease.task_id, 0)
-            seen[finish.lease.task_id] = n + 1
-            if n == len(rounds):
-                rounds.append([])
-            rounds[n].append(index)
+        rounds = _finish_rounds(finishes)
 
         async def apply(conn: Conn) -> list[Task | None]:
             results: list[Task | None] = [None] * len(finishes)
@@ -676,6 +685,29 @@ class PostgresStorage(TaskStorage):
                 for row in done:
                     results[indexes[row["ord"] - 1]] = rows.task(row)
             return results
+
+        return await self._run(apply, transaction=len(rounds) > 1)
+
+    async def finish_batch_applied(self, finishes: Sequence[Finish]) -> list[bool]:
+        """:meth:`finish_batch` without the snapshots: the same statement, returning
+        only which finishes were applied (``Statements.finish_applied``), so no row is
+        read back, sent or converted."""
+        if not finishes:
+            return []
+        rounds = _finish_rounds(finishes)
+
+        async def apply(conn: Conn) -> list[bool]:
+            applied = [False] * len(finishes)
+            for indexes in rounds:
+                done = await conn.fetch(
+                    self.sql.finish_applied,
+                    *_finish_arrays(finishes, indexes),
+                    self._events_lock,
+                    self.channel,
+                )
+                for row in done:
+                    applied[indexes[row[0] - 1]] = True
+            return applied
 
         return await self._run(apply, transaction=len(rounds) > 1)
 
@@ -1169,6 +1201,25 @@ class PostgresStorage(TaskStorage):
         return from_rows(await self._run(read))
 
 
+def _or_null(values: list[Any], n: int) -> list[Any] | None:
+    """``values`` (``n`` of them), or None when every one is None."""
+    return None if values.count(None) == n else values
+
+
+def _finish_rounds(finishes: Sequence[Finish]) -> list[list[int]]:
+    """The positions of ``finishes`` in rounds: a task named twice in one call is
+    finished in call order, its second finish in the next round (one statement each)."""
+    rounds: list[list[int]] = []
+    seen: dict[str, int] = {}
+    for index, finish in enumerate(finishes):
+        n = seen.get(finish.lease.task_id, 0)
+        seen[finish.lease.task_id] = n + 1
+        if n == len(rounds):
+            rounds.append([])
+        rounds[n].append(index)
+    return rounds
+
+
 def _lease_arrays(leases: Sequence[Lease]) -> tuple[list[str], list[str], list[int]]:
     return (
         [x.task_id for x in leases],
@@ -1177,13 +1228,14 @@ def _lease_arrays(leases: Sequence[Lease]) -> tuple[list[str], list[str], list[i
     )
 
 
-def _finish_arrays(finishes: Sequence[Finish], indexes: list[int]) -> list[list[Any]]:
-    """The 16 array arguments of ``Statements.finish`` for ``finishes[indexes]``."""
-    columns: list[list[Any]] = [[] for _ in range(16)]
+def _finish_arrays(finishes: Sequence[Finish], indexes: list[int]) -> list[list[Any] | None]:
+    """The 16 array arguments of ``Statements.finish`` for ``finishes[indexes]`` (some
+    may be NULL, see :data:`_NULLABLE_FINISH_COLUMNS`)."""
+    built: list[list[Any]] = [[] for _ in range(16)]
     (
         ids, workers, attempts, kinds, results, retry_in, errors, reasons, data,
         has_progress, done, total, message, outcomes, started, finished,
-    ) = columns  # fmt: skip
+    ) = built  # fmt: skip
     for index in indexes:
         finish = finishes[index]
         lease = finish.lease
@@ -1215,4 +1267,19 @@ def _finish_arrays(finishes: Sequence[Finish], indexes: list[int]) -> list[list[
         outcomes.append(finish.outcome.value)
         started.append(finish.started_at)
         finished.append(finish.finished_at)
+    n = len(ids)
+    columns: list[list[Any] | None] = list(built)
+    if has_progress.count(False) == n:
+        # No finish saves progress: done, total and message are never read.
+        columns[9] = columns[10] = columns[11] = columns[12] = None
+    for position in _NULLABLE_FINISH_COLUMNS:
+        if built[position].count(None) == n:
+            columns[position] = None
     return columns
+
+
+_NULLABLE_FINISH_COLUMNS: Final = (4, 6, 7, 8)
+"""Positions in :func:`_finish_arrays` of the arrays (result, error, reason, data) sent
+as NULL when they hold nothing but NULLs: ``unnest`` of several arrays pads a NULL one
+with NULLs, so the statement reads the same values, and asyncpg does not encode a
+thousand NULLs (it checks each element of an array for being a nested array)."""

@@ -50,6 +50,38 @@ class FinishContract:
         summary = await storage.summary(TaskFilter())
         assert summary.completed == 20
 
+    async def test_finish_batch_applied_makes_the_same_changes_without_snapshots(
+        self, storage: TaskStorage
+    ) -> None:
+        leader, alias = new_task(dedupe_key="k"), new_task(dedupe_key="k")
+        await storage.enqueue([leader, alias, new_task(), new_task(), new_task()])
+        done, retried, failed, lost = await storage.claim_batch(claim(limit=10))
+        stale = Lease(task_id=lost.id, worker_id="other", attempt=lost.attempts)
+        now = utcnow()
+        applied = await storage.finish_batch_applied(
+            [
+                finish(done, result={"v": 1}),
+                finish(retried, FinishKind.RETRY, error="again"),
+                finish(failed, FinishKind.FAIL, error="bad"),
+                Finish(stale, FinishKind.COMPLETE, AttemptOutcome.COMPLETED, now, now, "1"),
+                finish(done, result={"v": 2}),  # its lease is gone by then
+            ]
+        )
+        assert applied == [True, True, True, False, False]
+        by_id = {t.id: t for t in await storage.query(TaskFilter())}
+        assert by_id[done.id].status is TaskStatus.COMPLETED
+        assert by_id[done.id].result == {"v": 1}
+        assert by_id[retried.id].status is TaskStatus.PENDING
+        assert by_id[retried.id].error == "again"
+        assert by_id[failed.id].status is TaskStatus.FAILED
+        assert by_id[lost.id].status is TaskStatus.RUNNING
+        for task in (done, retried, failed):
+            assert len(await storage.attempts(task.id)) == 1
+        # the alias settles with its leader, whichever of the claimed was the leader
+        settled = by_id[alias.id]
+        assert settled.status is by_id[leader.id].status
+        assert await storage.finish_batch_applied([]) == []
+
     async def test_finish_with_a_lost_lease_changes_nothing(self, storage: TaskStorage) -> None:
         await storage.enqueue([new_task()])
         (task,) = await storage.claim_batch(claim(worker="owner"))
