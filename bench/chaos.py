@@ -4,8 +4,8 @@ N tasks of mixed duration (some fail on their first attempts, some time out once
 run by 3 ``python -m taskmill worker`` processes. Under chaos one of them, picked at
 random, is ``kill -9``'d every few seconds and replaced, and the database server is
 restarted ``--restarts`` times when the backend's restart variable holds the command
-(``TASKMILL_TEST_POSTGRES_RESTART`` / ``TASKMILL_TEST_MYSQL_RESTART``; never set by this
-script: the servers may be shared). A clean round runs the same workload without kills
+(``TASKMILL_TEST_POSTGRES_RESTART`` / ``TASKMILL_TEST_MYSQL_RESTART`` /
+``TASKMILL_TEST_MONGO_RESTART``; never set by this script: the servers may be shared). A clean round runs the same workload without kills
 or restarts, for the throughput comparison.
 
 Afterwards (:func:`check`):
@@ -52,6 +52,7 @@ RESTART_VARIABLES = {
     "postgresql": "TASKMILL_TEST_POSTGRES_RESTART",
     "postgres": "TASKMILL_TEST_POSTGRES_RESTART",
     "mysql": "TASKMILL_TEST_MYSQL_RESTART",
+    "mongodb": "TASKMILL_TEST_MONGO_RESTART",
 }
 """The variable holding each server backend's restart command (URL scheme → name)."""
 

@@ -14,6 +14,7 @@ import attrs
 import pytest
 
 from tests.reliability.fault_proxy import (
+    MONGO_COMMIT,
     MYSQL_COMMIT,
     POSTGRES_READY,
     Matcher,
@@ -58,6 +59,16 @@ NETWORK_BACKENDS: dict[str, NetworkBackend] = {
         enqueue_commit=lambda: MYSQL_COMMIT,
         reply_ends=anything,
         extra_query={"connect_timeout": "3"},
+    ),
+    # Every write is a transaction (under the writer lock with serializeWrites): it
+    # commits with the commitTransaction command; the reply is one OP_MSG.
+    "mongo": NetworkBackend(
+        "mongo",
+        "mongo_url",
+        finish_commit=lambda: MONGO_COMMIT,
+        enqueue_commit=lambda: MONGO_COMMIT,
+        reply_ends=anything,
+        extra_query={"connectTimeoutMS": "3000", "socketTimeoutMS": "10000"},
     ),
 }
 

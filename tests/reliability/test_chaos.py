@@ -19,7 +19,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from chaos import ChaosConfig, restart_command, run_round
 
-CHAOS_BACKENDS = {"sqlite": None, "postgres": "postgres_url", "mysql": "mysql_url"}
+CHAOS_BACKENDS = {
+    "sqlite": None,
+    "postgres": "postgres_url",
+    "mysql": "mysql_url",
+    "mongo": "mongo_url",
+}
 """Each backend of the chaos run, with the conftest fixture of its fresh store URL
 (None: a SQLite file in the test's directory). A new backend is one entry."""
 

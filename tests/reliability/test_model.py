@@ -66,6 +66,7 @@ MODEL_BACKENDS = {
     "sqlite": None,
     "postgres": "postgres_url",
     "mysql": "mysql_url",
+    "mongo": "mongo_url",
 }
 """Each backend compared with the model, with the conftest fixture of its fresh store URL
 (None: a SQLite file in the test's directory). A new backend is one entry."""
