@@ -5,8 +5,9 @@ run by 3 ``python -m taskmill worker`` processes. Under chaos one of them, picke
 random, is ``kill -9``'d every few seconds and replaced, and the database server is
 restarted ``--restarts`` times when the backend's restart variable holds the command
 (``TASKMILL_TEST_POSTGRES_RESTART`` / ``TASKMILL_TEST_MYSQL_RESTART`` /
-``TASKMILL_TEST_MONGO_RESTART``; never set by this script: the servers may be shared). A clean round runs the same workload without kills
-or restarts, for the throughput comparison.
+``TASKMILL_TEST_MONGO_RESTART``; never set by this script: the servers may be shared).
+A clean round runs the same workload without kills or restarts, for the throughput
+comparison.
 
 Afterwards (:func:`check`):
 
@@ -89,6 +90,9 @@ class ChaosConfig:
     the kills land while tasks run)."""
     deadline: float = 600.0
     """Seconds the round may take before it is reported as stuck."""
+    expected_rate: float = 150.0
+    """Tasks per second the round is expected to run at: the restarts are spread over
+    the expected length of the run (a few on MongoDB's stand-in)."""
 
 
 @attrs.define
@@ -267,7 +271,7 @@ async def run_round(config: ChaosConfig, workdir: Path) -> RoundResult:
         restart_every = None
         if config.chaos and config.restart and config.restarts:
             # Spread the restarts over the expected run (a quarter, a half, ...).
-            restart_every = max(2.0, config.tasks / 150 / (config.restarts + 1))
+            restart_every = max(2.0, config.tasks / config.expected_rate / (config.restarts + 1))
         next_kill = began + config.kill_interval
         next_restart = began + restart_every if restart_every else None
         try:
@@ -393,6 +397,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--restarts", type=int, default=3)
     parser.add_argument("--seed", type=int, default=16)
     parser.add_argument(
+        "--expected-rate",
+        type=float,
+        default=150.0,
+        help="tasks/s the chaos round is expected to run at; the restarts are spread "
+        "over the expected run (default 150)",
+    )
+    parser.add_argument(
         "--store-per-round",
         default="{url}",
         help="the URL of each round, with {url} and {round} (default: --url; SQLite "
@@ -415,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
                 restart=restart,
                 seed=args.seed,
                 deadline=3600,
+                expected_rate=args.expected_rate,
             )
             load_before = _load()
             result = asyncio.run(run_round(config, Path(tmp)))
