@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
@@ -138,6 +140,7 @@ _LOCK_SECONDS: Final = 3.0
 # others up for at most this long (it was a fixed 30 s before).
 _LOCK_RENEW: Final = 0.5
 _LOCK_WAIT: Final = 30.0
+_HOLDER: Final = f"{socket.gethostname()}:{os.getpid()}"
 # How long (beyond connect_timeout) a store waits for the writer lock before giving up.
 # How long a waiter's claim to be the writer lock's next owner lasts without a renewal
 # (it renews on every poll, at most every 20 ms).
@@ -469,6 +472,8 @@ class MongoStorage(TaskStorage):
                     "$set": {
                         "owner": token,
                         "until": now + int(_LOCK_SECONDS * 1e6),
+                        # Who holds it (for an operator, and the chaos run's harness).
+                        "holder": _HOLDER,
                         "next": None,
                         "next_until": 0,
                     }
