@@ -4,9 +4,10 @@ N tasks of mixed duration (some fail on their first attempts, some time out once
 run by 3 ``python -m taskmill worker`` processes. Under chaos one of them, picked at
 random, is ``kill -9``'d every few seconds and replaced, and the database server is
 restarted ``--restarts`` times when the backend's restart variable holds the command
-(``TASKMILL_TEST_POSTGRES_RESTART`` / ``TASKMILL_TEST_MYSQL_RESTART``; never set by this
-script: the servers may be shared). A clean round runs the same workload without kills
-or restarts, for the throughput comparison.
+(``TASKMILL_TEST_POSTGRES_RESTART`` / ``TASKMILL_TEST_MYSQL_RESTART`` /
+``TASKMILL_TEST_MONGO_RESTART``; never set by this script: the servers may be shared).
+A clean round runs the same workload without kills or restarts, for the throughput
+comparison.
 
 Afterwards (:func:`check`):
 
@@ -33,6 +34,7 @@ import os
 import platform
 import random
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -52,6 +54,7 @@ RESTART_VARIABLES = {
     "postgresql": "TASKMILL_TEST_POSTGRES_RESTART",
     "postgres": "TASKMILL_TEST_POSTGRES_RESTART",
     "mysql": "TASKMILL_TEST_MYSQL_RESTART",
+    "mongodb": "TASKMILL_TEST_MONGO_RESTART",
 }
 """The variable holding each server backend's restart command (URL scheme → name)."""
 
@@ -88,6 +91,18 @@ class ChaosConfig:
     the kills land while tasks run)."""
     deadline: float = 600.0
     """Seconds the round may take before it is reported as stuck."""
+    restarts_before_kills: bool = False
+    """Restart the server first and start the kills after the last restart: a harness
+    work-around for the stand-in nx-27017 only, which keeps the transaction of a killed
+    client open on its one SQLite connection, so that every write made after it is lost
+    by the next restart (MongoDB aborts such a transaction). docs/reliability.md."""
+    kill_outside_writer_lock: bool = False
+    """Kill only workers that do not hold taskmill-mongo's writer lock (so none inside
+    a transaction): a harness work-around for the stand-in nx-27017 only, which keeps
+    the writes of a killed client's unfinished transaction (MongoDB aborts it)."""
+    expected_rate: float = 150.0
+    """Tasks per second the round is expected to run at: the restarts are spread over
+    the expected length of the run (a few on MongoDB's stand-in)."""
 
 
 @attrs.define
@@ -99,6 +114,8 @@ class RoundResult:
     kills: int = 0
     restarts: int = 0
     self_exits: int = 0
+    spared: int = 0
+    """Kills put off because the victim held the writer lock (kill_outside_writer_lock)."""
     """Workers that exited by themselves (a problem unless the server was restarted)."""
     statuses: dict[str, int] = attrs.field(factory=dict)
     attempts: int = 0
@@ -125,6 +142,7 @@ class RoundResult:
             "kills": self.kills,
             "restarts": self.restarts,
             "self_exits": self.self_exits,
+            "spared": self.spared,
             "statuses": self.statuses,
             "attempts": self.attempts,
             "lost_attempts": self.lost_attempts,
@@ -214,9 +232,22 @@ class Workers:
     def alive(self) -> list[subprocess.Popen[bytes]]:
         return [p for p in self.procs if p.poll() is None]
 
-    def kill_one(self, rng: random.Random) -> int:
-        """``kill -9`` a random live worker; its pid."""
+    async def kill_one(self, rng: random.Random, tm: Taskmill) -> int | None:
+        """``kill -9`` a random live worker; its pid (None: not this time).
+
+        With ``kill_outside_writer_lock`` (the stand-in nx-27017 only) the victim is
+        stopped first and spared if it holds the writer lock, that is if it may be inside
+        a transaction: the stand-in keeps a killed client's half-done transaction."""
         victim = rng.choice(self.alive())
+        if self.config.kill_outside_writer_lock:
+            victim.send_signal(signal.SIGSTOP)
+            try:
+                spare = await _holds_writer_lock(tm, victim.pid)
+            except Exception:
+                spare = True  # cannot tell: try again shortly
+            if spare:
+                victim.send_signal(signal.SIGCONT)
+                return None
         victim.send_signal(signal.SIGKILL)
         victim.wait()
         self.killed.add(victim.pid)
@@ -231,6 +262,16 @@ class Workers:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+async def _holds_writer_lock(tm: Taskmill, pid: int) -> bool:
+    """Whether process ``pid`` of this host holds taskmill-mongo's writer lock
+    (``serialize_writes``), read directly, without taking the lock."""
+    storage: Any = tm.storage
+    lock = await storage._database().counters.find_one({"_id": "writer"})
+    if lock is None or lock.get("owner") is None:
+        return False
+    return bool(lock.get("holder") == f"{socket.gethostname()}:{pid}")
 
 
 async def _all_terminal(tm: Taskmill) -> bool:
@@ -266,7 +307,7 @@ async def run_round(config: ChaosConfig, workdir: Path) -> RoundResult:
         restart_every = None
         if config.chaos and config.restart and config.restarts:
             # Spread the restarts over the expected run (a quarter, a half, ...).
-            restart_every = max(2.0, config.tasks / 150 / (config.restarts + 1))
+            restart_every = max(2.0, config.tasks / config.expected_rate / (config.restarts + 1))
         next_kill = began + config.kill_interval
         next_restart = began + restart_every if restart_every else None
         try:
@@ -280,11 +321,18 @@ async def run_round(config: ChaosConfig, workdir: Path) -> RoundResult:
                 if now - began > config.deadline:
                     result.problems.append(f"not every task terminal after {config.deadline} s")
                     break
-                if config.chaos and now >= next_kill:
-                    workers.kill_one(rng)
-                    result.kills += 1
-                    workers.start()
-                    next_kill = now + config.kill_interval * rng.uniform(0.5, 1.5)
+                kills_held = (
+                    config.restarts_before_kills
+                    and next_restart is not None
+                    and result.restarts < config.restarts
+                )
+                if config.chaos and now >= next_kill and not kills_held:
+                    if await workers.kill_one(rng, tm) is None:
+                        result.spared += 1
+                    else:
+                        result.kills += 1
+                        workers.start()
+                        next_kill = now + config.kill_interval * rng.uniform(0.5, 1.5)
                 if (
                     next_restart is not None
                     and config.restart
@@ -297,6 +345,8 @@ async def run_round(config: ChaosConfig, workdir: Path) -> RoundResult:
                     result.restarts += 1
                     assert restart_every is not None
                     next_restart = now + restart_every
+                    if config.restarts_before_kills:
+                        next_kill = time.monotonic() + config.kill_interval
                 for proc in workers.procs:
                     if proc.poll() is not None and proc.pid not in workers.killed:
                         # A worker that cannot reach the server when it starts exits
@@ -392,6 +442,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--restarts", type=int, default=3)
     parser.add_argument("--seed", type=int, default=16)
     parser.add_argument(
+        "--stand-in",
+        action="store_true",
+        help="the server is MongoDB's stand-in nx-27017: restart it before the kills, "
+        "and kill only workers outside a transaction (see docs/reliability.md)",
+    )
+    parser.add_argument(
+        "--restarts-before-kills",
+        action="store_true",
+        help="restart the server first, kill workers only after the last restart (for "
+        "the stand-in nx-27017, which loses every write made after a killed client's "
+        "open transaction at its next restart; see docs/reliability.md)",
+    )
+    parser.add_argument(
+        "--lease",
+        type=float,
+        default=2.0,
+        help="the workers' lease in seconds (default 2); a store whose writes can take "
+        "longer than a third of it lets leases of live workers expire (MongoDB's "
+        "stand-in with serializeWrites under this load: use 10)",
+    )
+    parser.add_argument(
+        "--expected-rate",
+        type=float,
+        default=150.0,
+        help="tasks/s the chaos round is expected to run at; the restarts are spread "
+        "over the expected run (default 150)",
+    )
+    parser.add_argument(
         "--store-per-round",
         default="{url}",
         help="the URL of each round, with {url} and {round} (default: --url; SQLite "
@@ -413,7 +491,11 @@ def main(argv: list[str] | None = None) -> int:
                 restarts=args.restarts,
                 restart=restart,
                 seed=args.seed,
+                lease=args.lease,
+                restarts_before_kills=args.restarts_before_kills or args.stand_in,
+                kill_outside_writer_lock=args.stand_in,
                 deadline=3600,
+                expected_rate=args.expected_rate,
             )
             load_before = _load()
             result = asyncio.run(run_round(config, Path(tmp)))

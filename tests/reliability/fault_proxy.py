@@ -80,6 +80,31 @@ POSTGRES_READY: Final = contains(b"Z\x00\x00\x00\x05")
 MYSQL_COMMIT: Final = contains(b"COMMIT")
 """A MySQL client chunk that commits (``COM_QUERY COMMIT``)."""
 
+_OP_MSG: Final = (2013).to_bytes(4, "little")
+
+
+def mongo_command(name: bytes) -> Matcher:
+    """A matcher of the MongoDB client chunk that sends the command ``name``: an
+    ``OP_MSG`` (opcode 2013 at bytes 12-16 of the header) whose body document's first
+    element, right after the flag bits and the section kind 0, is named ``name``."""
+    # header (16) + flagBits (4) + section kind (1) + document length (4) + element type (1)
+    prefix = 16 + 4 + 1 + 4 + 1
+
+    def match(chunk: bytes) -> bool:
+        return (
+            len(chunk) > prefix + len(name)
+            and chunk[12:16] == _OP_MSG
+            and chunk[20] == 0
+            and chunk[prefix : prefix + len(name) + 1] == name + b"\x00"
+        )
+
+    return match
+
+
+MONGO_COMMIT: Final = mongo_command(b"commitTransaction")
+"""A MongoDB client chunk that commits a transaction (the ``commitTransaction`` command;
+the reply is one ``OP_MSG``)."""
+
 
 @attrs.define
 class _Cut:

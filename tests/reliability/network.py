@@ -14,6 +14,7 @@ import attrs
 import pytest
 
 from tests.reliability.fault_proxy import (
+    MONGO_COMMIT,
     MYSQL_COMMIT,
     POSTGRES_READY,
     Matcher,
@@ -37,6 +38,9 @@ class NetworkBackend:
     """Matches the server chunk that ends the reply to that commit."""
     extra_query: dict[str, str] = attrs.field(factory=dict)
     """URL options the tests add (client timeouts, so that a black hole is noticed)."""
+    driver_retries_commit: bool = False
+    """The driver retries a commit whose reply was lost and may learn its outcome, so the
+    operation may succeed instead of raising (PyMongo's ``with_transaction``)."""
 
 
 NETWORK_BACKENDS: dict[str, NetworkBackend] = {
@@ -58,6 +62,17 @@ NETWORK_BACKENDS: dict[str, NetworkBackend] = {
         enqueue_commit=lambda: MYSQL_COMMIT,
         reply_ends=anything,
         extra_query={"connect_timeout": "3"},
+    ),
+    # Every write is a transaction (under the writer lock with serializeWrites): it
+    # commits with the commitTransaction command; the reply is one OP_MSG.
+    "mongo": NetworkBackend(
+        "mongo",
+        "mongo_url",
+        finish_commit=lambda: MONGO_COMMIT,
+        enqueue_commit=lambda: MONGO_COMMIT,
+        reply_ends=anything,
+        extra_query={"connectTimeoutMS": "3000", "socketTimeoutMS": "10000"},
+        driver_retries_commit=True,
     ),
 }
 

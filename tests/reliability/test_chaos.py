@@ -1,8 +1,9 @@
 """The reduced chaos run in CI (issue 16 §1; the full run is ``bench/chaos.py``).
 
-400 tasks, 3 real worker processes, one ``kill -9``'d every 1.5 s or so and replaced,
-injected handler failures and timeouts, and, when the backend's restart variable holds
-the command (CI sets it; never set it on a shared server), three server restarts. Then
+400 tasks (100 on MongoDB's stand-in), 3 real worker processes, one ``kill -9``'d every
+1.5 s or so (3 s on MongoDB) and replaced, injected handler failures and timeouts, and,
+when the backend's restart variable holds the command (CI sets it; never set it on a
+shared server), three server restarts. Then
 :func:`bench.chaos.check`'s findings must be empty: every task terminal, none completed
 twice, every attempt in the log (the killed ones as LOST), ``progress_summary`` equal
 to a recount.
@@ -13,15 +14,36 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from chaos import ChaosConfig, restart_command, run_round
 
-CHAOS_BACKENDS = {"sqlite": None, "postgres": "postgres_url", "mysql": "mysql_url"}
-"""Each backend of the chaos run, with the conftest fixture of its fresh store URL
-(None: a SQLite file in the test's directory). A new backend is one entry."""
+
+@attrs.frozen
+class ChaosBackend:
+    """A backend of the chaos run: the conftest fixture of its fresh store URL (None: a
+    SQLite file in the test's directory) and the size of its CI run."""
+
+    fixture: str | None
+    tasks: int = 400
+    kill_interval: float = 1.5
+    lease: float = 2.0
+
+
+CHAOS_BACKENDS = {
+    "sqlite": ChaosBackend(None),
+    "postgres": ChaosBackend("postgres_url"),
+    "mysql": ChaosBackend("mysql_url"),
+    # The stand-in nx-27017 with serializeWrites runs a few tasks a second under chaos
+    # (every operation takes the writer lock): fewer tasks, and kills far enough apart
+    # that a replaced worker gets to claim before the next kill; a longer lease, since its
+    # writes (renewals included) can wait over a second for the lock on a loaded machine.
+    "mongo": ChaosBackend("mongo_url", tasks=100, kill_interval=3.0, lease=4.0),
+}
+"""Each backend of the chaos run. A new backend is one entry."""
 
 
 @pytest.mark.slow
@@ -30,18 +52,26 @@ CHAOS_BACKENDS = {"sqlite": None, "postgres": "postgres_url", "mysql": "mysql_ur
 async def test_a_chaos_run_loses_nothing_and_completes_nothing_twice(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    fixture = CHAOS_BACKENDS[backend]
+    chaos = CHAOS_BACKENDS[backend]
     url = (
         f"sqlite:///{tmp_path / 'chaos.db'}"
-        if fixture is None
-        else request.getfixturevalue(fixture)
+        if chaos.fixture is None
+        else request.getfixturevalue(chaos.fixture)
     )
+    stand_in = "serializeWrites=true" in str(url)
     config = ChaosConfig(
         url=str(url),
-        tasks=400,
+        tasks=chaos.tasks,
         concurrency=2,
         duration_scale=4,
-        kill_interval=1.5,
+        kill_interval=chaos.kill_interval,
+        lease=chaos.lease,
+        # The stand-in nx-27017 (serializeWrites) keeps a killed client's unfinished
+        # transaction, and loses every write made after it at its next restart: restarts
+        # first, kills after, and only of workers outside a transaction (a harness
+        # work-around, docs/reliability.md "Known limits").
+        restarts_before_kills=stand_in,
+        kill_outside_writer_lock=stand_in,
         restart=restart_command(str(url)),
         deadline=180,
     )
@@ -53,4 +83,4 @@ async def test_a_chaos_run_loses_nothing_and_completes_nothing_twice(
     assert result.timed_out_attempts >= 1 and result.failed_attempts >= 1
     if config.restart:
         assert result.restarts == config.restarts
-    assert result.statuses.get("completed", 0) + result.statuses.get("failed", 0) == 400
+    assert result.statuses.get("completed", 0) + result.statuses.get("failed", 0) == chaos.tasks

@@ -30,7 +30,13 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 
-FUZZ_BACKENDS = {"memory": None, "sqlite": None, "postgres": "postgres_url", "mysql": "mysql_url"}
+FUZZ_BACKENDS = {
+    "memory": None,
+    "sqlite": None,
+    "postgres": "postgres_url",
+    "mysql": "mysql_url",
+    "mongo": "mongo_url",
+}
 """Each backend whose stores the params fuzzing fills, with the conftest fixture of its
 fresh store URL (None: memory, or a SQLite file in the test's directory)."""
 
@@ -151,13 +157,23 @@ url_strategy = st.one_of(
     st.builds(
         lambda scheme, rest: scheme + rest,
         st.sampled_from(
-            ["sqlite://", "sqlite:///", "memory://", "postgresql://", "mysql://", "x://", ""]
+            [
+                "sqlite://",
+                "sqlite:///",
+                "memory://",
+                "postgresql://",
+                "mysql://",
+                "mongodb://",
+                "mongodb+srv://",
+                "x://",
+                "",
+            ]
         ),
         st.text(alphabet=st.characters(), max_size=40),
     ),
     st.builds(
         lambda scheme, query: f"{scheme}u:p@127.0.0.1:1/db?{query}",
-        st.sampled_from(["postgresql://", "mysql://"]),
+        st.sampled_from(["postgresql://", "mysql://", "mongodb://"]),
         st.text(max_size=30),
     ),
 )

@@ -107,8 +107,15 @@ async def test_a_finish_whose_commit_reply_was_lost_is_not_applied_twice(
             result_json='"done"',
         )
         cut = proxy.cut_reply(backend.finish_commit(), backend.reply_ends)
-        with pytest.raises(TaskmillError):
-            await tm.storage.finish_batch([finish])
+        try:
+            [finished] = await tm.storage.finish_batch([finish])
+        except TaskmillError:
+            pass
+        else:
+            # PyMongo retries the commit; real MongoDB answers the retry with the
+            # outcome (the stand-in nx-27017 answers "No session specified": raised).
+            assert backend.driver_retries_commit, "a lost commit reply went unnoticed"
+            assert finished is not None and finished.status is TaskStatus.COMPLETED
         assert cut.is_set(), "the proxy did not cut the commit's reply"
 
         # The commit was applied although its reply was lost.
@@ -137,8 +144,12 @@ async def test_an_enqueue_retried_after_a_lost_reply_runs_once_with_its_dedupe_k
     _, cursor = await store.read_events(None)
     async with Taskmill(proxied_url(direct_url, proxy, backend), plugins=False) as tm:
         cut = proxy.cut_reply(backend.enqueue_commit(), backend.reply_ends)
-        with pytest.raises(TaskmillError):
+        try:
             await tm.enqueue("t", {"n": 1}, dedupe_key="order-1")
+        except TaskmillError:
+            pass
+        else:  # the driver's commit retry learned the outcome (see above)
+            assert backend.driver_retries_commit, "a lost commit reply went unnoticed"
         assert cut.is_set(), "the proxy did not cut the commit's reply"
         [first] = await witness.query()
         assert first.status is TaskStatus.PENDING and first.alias_of is None

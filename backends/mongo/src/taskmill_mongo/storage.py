@@ -45,6 +45,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
@@ -157,7 +159,14 @@ _CANCEL_PLAN: Final = plan(CANCELLATION)
 _DEPENDENCY_CANCEL_PLAN: Final = plan(DEPENDENCY_CANCELLATION)
 _CLOCK_REFRESH: Final = 60.0
 _RACE_RETRIES: Final = 20
-_LOCK_SECONDS: Final = 30.0
+_LOCK_SECONDS: Final = 3.0
+# How long the writer lock lasts without a renewal: its holder renews it every
+# _LOCK_RENEW seconds while it holds it, so a holder that died (kill -9) holds the
+# others up for at most this long (it was a fixed 30 s before).
+_LOCK_RENEW: Final = 0.5
+_LOCK_WAIT: Final = 30.0
+_HOLDER: Final = f"{socket.gethostname()}:{os.getpid()}"
+# How long (beyond connect_timeout) a store waits for the writer lock before giving up.
 # How long a waiter's claim to be the writer lock's next owner lasts without a renewal
 # (it renews on every poll, at most every 20 ms).
 _NEXT_SECONDS: Final = 2.0
@@ -299,6 +308,11 @@ class MongoStorage(TaskStorage):
         self._offset = 0.0
         self._clock_at = 0.0
         self._lock_ready = False
+        # serialize_writes: the coroutines of this store queue here, so that only one of
+        # them at a time polls the writer lock document (polls cost the server).
+        self._local_lock: asyncio.Lock | None = None
+        self._local_loop: asyncio.AbstractEventLoop | None = None
+        self._renewers: dict[str, asyncio.Task[None]] = {}
 
     def __repr__(self) -> str:
         return f"MongoStorage({redact(self.url)!r})"
@@ -419,24 +433,74 @@ class MongoStorage(TaskStorage):
 
         return await self._guard(run())
 
-    @staticmethod
-    async def _unlock(db: AsyncDatabase[Doc], token: str) -> None:
+    async def _unlock(self, db: AsyncDatabase[Doc], token: str) -> None:
         """Free the writer lock if ``token`` still holds it (shielded by callers, so a
-        cancelled operation still frees it)."""
-        await db.counters.update_one({"_id": "writer", "owner": token}, {"$set": {"owner": None}})
+        cancelled operation still frees it), stop renewing it, and let this store's next
+        coroutine take it."""
+        renewer = self._renewers.pop(token, None)
+        if renewer is not None:
+            renewer.cancel()
+            with contextlib.suppress(BaseException):
+                await renewer
+        try:
+            await db.counters.update_one(
+                {"_id": "writer", "owner": token}, {"$set": {"owner": None}}
+            )
+        finally:
+            # Unreachable server: the lock lapses by itself within _LOCK_SECONDS.
+            if self._local_lock is not None and self._local_lock.locked():
+                self._local_lock.release()
+
+    async def _renew(self, db: AsyncDatabase[Doc], token: str) -> None:
+        """Keep the writer lock ``token`` holds alive until :meth:`_unlock` stops it."""
+        while True:
+            await asyncio.sleep(_LOCK_RENEW)
+            try:
+                now = await self._now()
+                renewed = await db.counters.update_one(
+                    {"_id": "writer", "owner": token},
+                    {"$set": {"until": now + int(_LOCK_SECONDS * 1e6)}},
+                )
+            except PyMongoError:
+                continue  # the server is away: the operation holding the lock fails too
+            if renewed.matched_count == 0:
+                return  # lost (the server lost it in a restart, say): nothing to keep
 
     async def _lock(self, db: AsyncDatabase[Doc]) -> str:
         """Take the writer lock (``serialize_writes``): a lock document with an owner
-        and an expiry, so that a holder that died frees it after ``_LOCK_SECONDS``.
+        and an expiry ``_LOCK_SECONDS`` ahead that the holder renews while it holds the
+        lock, so that a holder that died frees it within ``_LOCK_SECONDS``.
 
-        The lock is handed over fairly: a waiter that finds it taken registers as the
-        next owner (``next``, kept alive while it polls), and nobody else may take the
-        free lock before it. Without that, a store that locks in a tight loop (a
-        poller, say) retakes the lock in the instant after each release, and a waiter
-        polling every few milliseconds starves until its deadline."""
+        The coroutines of one store take turns on an in-process lock first, so that
+        each process has one poller at most. The lock is handed over fairly between
+        processes: a waiter that finds it taken registers as the next owner (``next``,
+        kept alive while it polls), and nobody else may take the free lock before it.
+        Without that, a store that locks in a tight loop (a poller, say) retakes the
+        lock in the instant after each release, and a waiter polling every few
+        milliseconds starves until its deadline."""
+        loop = asyncio.get_running_loop()
+        if self._local_lock is None or self._local_loop is not loop:
+            self._local_lock, self._local_loop = asyncio.Lock(), loop
+        deadline = time.monotonic() + self.options.connect_timeout + _LOCK_WAIT
+        try:
+            await asyncio.wait_for(self._local_lock.acquire(), _LOCK_WAIT)
+        except TimeoutError:
+            raise StorageUnavailable(
+                f"MongoDB at {redact(self.url)}: the writer lock (serialize_writes) "
+                "stayed taken; try again"
+            ) from None
+        try:
+            token = await self._take(db, deadline)
+        except BaseException:
+            self._local_lock.release()
+            raise
+        self._renewers[token] = asyncio.create_task(self._renew(db, token))
+        return token
+
+    async def _take(self, db: AsyncDatabase[Doc], deadline: float) -> str:
+        """Take the writer lock document (this store's in-process lock held)."""
         token = uuid.uuid4().hex
         delay = 0.001
-        deadline = time.monotonic() + self.options.connect_timeout + _LOCK_SECONDS
         if not self._lock_ready:
             with contextlib.suppress(DuplicateKeyError):  # created by another process
                 if await db.counters.find_one({"_id": "writer"}, {"_id": 1}) is None:
@@ -459,6 +523,8 @@ class MongoStorage(TaskStorage):
                     "$set": {
                         "owner": token,
                         "until": now + int(_LOCK_SECONDS * 1e6),
+                        # Who holds it (for an operator, and the chaos run's harness).
+                        "holder": _HOLDER,
                         "next": None,
                         "next_until": 0,
                     }
