@@ -483,7 +483,10 @@ class MongoStorage(TaskStorage):
             self._local_lock, self._local_loop = asyncio.Lock(), loop
         deadline = time.monotonic() + self.options.connect_timeout + _LOCK_WAIT
         try:
-            await asyncio.wait_for(self._local_lock.acquire(), _LOCK_WAIT)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can time out a lock
+            # it has just acquired, which would then never be released.
+            async with asyncio.timeout(_LOCK_WAIT):
+                await self._local_lock.acquire()
         except TimeoutError:
             raise StorageUnavailable(
                 f"MongoDB at {redact(self.url)}: the writer lock (serialize_writes) "
