@@ -27,7 +27,9 @@ evaluates only such conjunctions and ignores ``$project``) only sends more. No
 how every task transition is written, and the one update that makes a task claimable
 (``$unset`` of ``waiting_on``) is recognised by its ``updateDescription``.
 
-Every stream keeps its last resume token. The driver resumes once by itself after a
+A stream reports a change of its kinds when it opens: a caller that looked before
+(a worker claims while its listener subscribes) would otherwise miss what committed in
+between. Every stream keeps its last resume token. The driver resumes once by itself after a
 resumable error; when a stream still fails (the server restarted, the network failed,
 the connection went silent past ``max_await + ping_interval``), the listener reopens it
 with exponential backoff, resuming after its token, or from now when the server cannot
@@ -255,8 +257,10 @@ class MongoChangeListener(ChangeListener):
 
     async def _subscribe(self, names: set[str]) -> None:
         """Open the streams of ``names`` not open yet, each before it is handed to its
-        loop, so that a change committed after this returns is reported. A stream that
-        cannot be opened now is left to its loop, which retries with backoff."""
+        loop, so that a change committed after this returns is reported, and report a
+        change of the kinds each opened stream serves. A stream that cannot be opened
+        now is left to its loop, which retries with backoff (and reports when it
+        opens)."""
         async with self._subscribing:
             for name in sorted(names - self._streams.keys()):
                 if self._closed:
@@ -269,6 +273,11 @@ class MongoChangeListener(ChangeListener):
                 self._streams[name] = asyncio.create_task(
                     self._follow(name, stream), name=f"taskmill-watch-{self.database}.{name}"
                 )
+                if stream is not None:
+                    # What committed before the stream opened is not in it, and the
+                    # caller may have looked before that (a worker's first claim runs
+                    # while its listener subscribes): its waiters look once more.
+                    self._wake(COLLECTIONS[name])
 
     async def _open_stream(self, name: str) -> AsyncChangeStream[Doc]:
         token = self._tokens.get(name)
