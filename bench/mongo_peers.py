@@ -29,7 +29,8 @@ figure, absolute rates move with the load). Each round runs, in this order:
 
 Then, once: the **enqueue-to-start latency** of an idle taskmill worker in another
 process (one task at a time, from just before the enqueue until the handler writes its
-start to a pipe; the MongoDB store has no notifications, so the worker polls):
+start to a pipe; the worker is woken by the store's change-stream notifications, and polls
+as the fallback):
 ``--latency-samples`` tasks 50-150 ms apart at the default ``poll_interval`` and at
 ``--fast-poll``, and ``--idle-samples`` tasks 2-3 s apart (the worker's polling backed
 off to ``poll_interval``); and **processing with a history**: ``--history`` finished

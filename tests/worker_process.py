@@ -114,6 +114,9 @@ async def main(argv: list[str]) -> None:
     parser.add_argument("--rescue-interval", type=float, default=None)
     parser.add_argument("--shutdown-grace", type=float, default=30.0)
     parser.add_argument("--cancel-check-interval", type=float, default=0.5)
+    # Long poll intervals leave only the store's notifications to explain a fast start.
+    parser.add_argument("--poll-interval", type=float, default=0.2)
+    parser.add_argument("--min-poll-interval", type=float, default=0.01)
     parser.add_argument(
         "--barrier",
         type=Path,
@@ -159,8 +162,8 @@ async def main(argv: list[str]) -> None:
             rescue_interval=args.rescue_interval,
             shutdown_grace=args.shutdown_grace,
             cancel_check_interval=args.cancel_check_interval,
-            min_poll_interval=0.01,
-            poll_interval=0.2,
+            min_poll_interval=args.min_poll_interval,
+            poll_interval=args.poll_interval,
         )
         if args.until_idle:
             await worker.run_until_idle()

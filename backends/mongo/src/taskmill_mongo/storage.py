@@ -117,6 +117,7 @@ from taskmill.model import (
 )
 from taskmill.serialization import dumps, loads
 from taskmill.storage import (
+    ChangeListener,
     ClaimRequest,
     Finish,
     FinishKind,
@@ -131,6 +132,7 @@ from taskmill.storage import (
 )
 
 from taskmill_mongo.documents import from_micros, leader_key, micros, task, task_document
+from taskmill_mongo.listener import MongoChangeListener
 from taskmill_mongo.options import MongoOptions, parse_url, redact
 
 __all__ = ["SCHEMA_VERSION", "MongoStorage"]
@@ -219,6 +221,19 @@ DEPENDENCY_INDEXES: Final = [
 ]
 
 
+async def _change_streams_offered(db: AsyncDatabase[Doc]) -> bool:
+    """Whether the server opens a change stream (``notifications``): a standalone
+    mongod, a user without the ``changeStream`` action, or a server that does not know
+    ``$changeStream`` refuse it. Probed on ``taskmill_meta``, which is rarely written
+    (on nx-27017 a watched collection gets write triggers)."""
+    try:
+        stream = await db.taskmill_meta.watch([], max_await_time_ms=1)
+    except OperationFailure:
+        return False
+    await stream.close()
+    return True
+
+
 class _Nothing(Exception):
     """A transaction found nothing to write: it ends (aborted, as it wrote nothing)
     with this value."""
@@ -291,7 +306,9 @@ class MongoStorage(TaskStorage):
     capabilities: ClassVar[StorageCapabilities] = StorageCapabilities(
         durable=True,
         shared_between_processes=True,
-        notifications=False,
+        # Where the server offers change streams: open() probes, and a store on a server
+        # that refuses them declares notifications=False on the instance (it polls).
+        notifications=True,
         transactions_across_records=True,
         commit_ordered_cursors=True,
         dependencies=True,
@@ -572,15 +589,28 @@ class MongoStorage(TaskStorage):
             else:
                 self._check_version(version)
             await self._guard(self._sync_clock(db))
+            offered = await self._guard(_change_streams_offered(db))
         except BaseException:
             await client.close()
             raise
+        # Per instance, shadowing the class's declaration: the core and the contract
+        # suite read ``storage.capabilities`` from the store object.
+        vars(self)["capabilities"] = attrs.evolve(type(self).capabilities, notifications=offered)
         self._client, self._db = client, db
 
     async def close(self) -> None:
         client, self._client, self._db = self._client, None, None
         if client is not None:
             await client.close()
+
+    async def change_listener(self) -> ChangeListener | None:
+        """A :class:`~taskmill_mongo.listener.MongoChangeListener` (change streams,
+        on a client of its own), or None when the server refused change streams at
+        :meth:`open`."""
+        self._database()
+        if not self.capabilities.notifications:
+            return None
+        return await MongoChangeListener.open(self._new_client, self.database)
 
     async def _check_server(self, db: AsyncDatabase[Doc]) -> None:
         """Refuse a server that cannot run multi-document transactions (a standalone
