@@ -673,11 +673,34 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
+def code_under_test(label: str) -> dict[str, Any]:
+    """The label, the taskmill-mongo source this process imported and the commit of the
+    checkout this script is in (a before/after pair runs the same script twice)."""
+    import taskmill_mongo.storage
+
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=BENCH_DIR,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    return {
+        "label": label,
+        "taskmill_mongo_source": taskmill_mongo.storage.__file__,
+        "commit": commit,
+    }
+
+
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     record: dict[str, Any] = {
         "benchmark": "mongo-peers",
         "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "url": redact(args.url),
+        **code_under_test(args.label),
         "settings": {
             "tasks": args.tasks,
             "celery_tasks": args.celery_tasks,
@@ -760,6 +783,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--results-dir", type=Path, default=BENCH_DIR / "results")
     parser.add_argument("--no-record", action="store_true")
     parser.add_argument(
+        "--label",
+        default="",
+        help="recorded with the results (say, which taskmill-mongo: a run of an older "
+        "copy puts it first on PYTHONPATH)",
+    )
+    parser.add_argument(
         "--count-commands",
         action="store_true",
         help="only count the commands a drain sends per task, at each --setting",
@@ -787,6 +816,7 @@ def main() -> None:
             "benchmark": "mongo-commands",
             "date": date,
             "url": redact(args.url),
+            **code_under_test(args.label),
             "versions": versions(),
             "machine": machine_details(),
             "settings": asyncio.run(command_counts(args.url, args.tasks, args.setting)),

@@ -54,7 +54,14 @@ from datetime import datetime, timedelta
 from typing import Any, ClassVar, Final, Self, TypeVar
 
 import attrs
-from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, IndexModel, ReturnDocument
+from pymongo import (
+    ASCENDING,
+    DESCENDING,
+    AsyncMongoClient,
+    IndexModel,
+    ReplaceOne,
+    ReturnDocument,
+)
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import (
@@ -247,6 +254,18 @@ class _Raced(Exception):
     """A fenced write matched nothing: the transaction runs again on fresh reads."""
 
 
+def _eq(value: Any) -> Doc:
+    """``{field: value}`` as ``{field: {"$eq": value}}``: the same query on MongoDB
+    (the short form is defined as ``$eq``), but nx-27017 (the test stand-in) can search
+    an index only for the explicit form; for the short one it scans the collection."""
+    return {"$eq": value}
+
+
+def _one_of(values: Sequence[Any]) -> Doc:
+    """``$in``, or ``$eq`` for one value (which the stand-in searches an index for)."""
+    return _eq(values[0]) if len(values) == 1 else {"$in": list(values)}
+
+
 def _scope_id(scope: SuspensionScope) -> str:
     return dumps([scope.app_id, scope.task_type])
 
@@ -295,6 +314,10 @@ class _Writes:
     """Aliases settled by their terminal leader, in the order written."""
     dependents_cancelled: list[Task] = attrs.field(factory=list)
     """Dependents cancelled because a dependency did not complete, in order."""
+    replacements: list[ReplaceOne[Doc]] | None = None
+    """When a list, the fenced task replacements not sent yet: the transaction sends
+    them as one ``bulk_write`` (:meth:`MongoStorage._flush`) before it next reads task
+    documents and before it records; None: each is written at once."""
 
     def emit(self, kind: EventKind, t: Task) -> None:
         self.events.append((kind, t.id, t.status))
@@ -727,6 +750,7 @@ class MongoStorage(TaskStorage):
 
     async def _record(self, s: AsyncClientSession, writes: _Writes, now: int) -> None:
         db = self._database()
+        await self._flush(s, writes)
         if writes.events:
             first = await self._reserve(s, "events", len(writes.events))
             await db.events.insert_many(
@@ -760,9 +784,25 @@ class MongoStorage(TaskStorage):
                 session=s,
             )
 
-    async def _replace(self, s: AsyncClientSession, old: Doc, new: Task) -> Doc:
+    async def _flush(self, s: AsyncClientSession, writes: _Writes) -> None:
+        """Send the replacements ``writes`` holds back, in order, as one ``bulk_write``
+        (one round trip); one whose fence matched nothing is a lost race (:class:`_Raced`:
+        the transaction runs again), as for a replacement written at once."""
+        pending = writes.replacements
+        if not pending:
+            return
+        sent = len(pending)
+        writes.replacements = []
+        result = await self._database().tasks.bulk_write(pending, ordered=True, session=s)
+        if result.matched_count != sent:
+            raise _Raced
+
+    async def _replace(
+        self, s: AsyncClientSession, old: Doc, new: Task, writes: _Writes | None = None
+    ) -> Doc:
         """Write ``new`` over ``old``, fenced by the state ``old`` was read in; return
-        the document written.
+        the document written. With ``writes`` that batches (``replacements`` a list), the
+        write is held back until :meth:`_flush`.
 
         The dependency fields carry over: ``waiting_on`` always (a cancelled dependent
         redriven still waits for what has not ended), ``dependents`` while ``new`` is
@@ -773,16 +813,16 @@ class MongoStorage(TaskStorage):
             doc[_WAITING] = old[_WAITING]
         if old.get(_DEPENDENTS) and new.status.active:
             doc[_DEPENDENTS] = old[_DEPENDENTS]
-        result = await self._database().tasks.replace_one(
-            {
-                "_id": old["_id"],
-                "status": old["status"],
-                "attempts": old["attempts"],
-                "worker_id": old["worker_id"],
-            },
-            doc,
-            session=s,
-        )
+        fence = {
+            "_id": old["_id"],
+            "status": old["status"],
+            "attempts": old["attempts"],
+            "worker_id": old["worker_id"],
+        }
+        if writes is not None and writes.replacements is not None:
+            writes.replacements.append(ReplaceOne(fence, doc))
+            return doc
+        result = await self._database().tasks.replace_one(fence, doc, session=s)
         if result.matched_count != 1:
             raise _Raced
         return doc
@@ -801,7 +841,7 @@ class MongoStorage(TaskStorage):
         leader) and then of the dependents of it and of those aliases."""
         at = from_micros(now)
         new = chosen.apply(task(doc), at, **values)
-        await self._replace(s, doc, new)
+        await self._replace(s, doc, new, writes)
         writes.emit(chosen.transition.event, new)
         if not new.status.terminal:
             return new
@@ -809,20 +849,23 @@ class MongoStorage(TaskStorage):
         if doc.get(_DEPENDENTS):
             ended.append((new.id, new.status))
         if settles_aliases(new.status, new.dedupe_key, new.alias_of):
+            await self._flush(s, writes)  # the reads below see what this wrote
             kind = TERMINAL_EVENTS[new.status]
             cursor = (
                 self._database()
-                .tasks.find({"alias_of": new.id, "status": _PENDING}, session=s)
+                .tasks.find({"alias_of": _eq(new.id), "status": _eq(_PENDING)}, session=s)
                 .sort("seq", ASCENDING)
+                .hint("aliases")
             )
             async for alias_doc in cursor:
                 alias = settle_alias(task(alias_doc), new, at)
-                await self._replace(s, alias_doc, alias)
+                await self._replace(s, alias_doc, alias, writes)
                 writes.emit(kind, alias)
                 writes.settled_aliases.append(alias)
                 if alias_doc.get(_DEPENDENTS):
                     ended.append((alias.id, alias.status))
         if ended:
+            await self._flush(s, writes)
             await self._resolve(s, ended, now, writes)
         return new
 
@@ -843,7 +886,7 @@ class MongoStorage(TaskStorage):
             status_of = dict(level)
             level = []
             edges = await db.dependencies.find(
-                {"depends_on": {"$in": list(status_of)}}, session=s
+                {"depends_on": _one_of(list(status_of))}, session=s
             ).to_list()
             if not edges:
                 break
@@ -926,7 +969,7 @@ class MongoStorage(TaskStorage):
             }
             if keys:
                 async for doc in db.tasks.find(
-                    {"leader_key": {"$in": sorted(keys)}}, {"leader_key": 1}, session=s
+                    {"leader_key": _one_of(sorted(keys))}, {"leader_key": 1}, session=s
                 ):
                     leaders[doc["leader_key"]] = doc["_id"]
             stored: list[Task] = []
@@ -1041,9 +1084,11 @@ class MongoStorage(TaskStorage):
                 SuspensionScope(task_type=d["task_type"], app_id=d["app_id"])
                 async for d in db.suspensions.find({}, session=s)
             ]
+            # Planned on the claim index, whatever the history holds: ``alias_of: None``
+            # also matches every finished task, so a planner must not pick ``aliases``.
             query: Doc = {
-                "status": _PENDING,
-                "task_type": {"$in": types},
+                "status": _eq(_PENDING),
+                "task_type": _one_of(types),
                 "alias_of": None,
                 _WAITING: None,  # waits for no dependency (the field is absent)
                 "run_at": {"$lte": now},
@@ -1051,52 +1096,68 @@ class MongoStorage(TaskStorage):
             if request.min_priority is not None:
                 query["priority"] = {"$gte": request.min_priority}
             counts: dict[HandlerKey, int] = {}
-            picked: list[str] = []
-            cursor = (
-                db.tasks.find(query, {"_id": 1, "app_id": 1, "task_type": 1}, session=s)
-                .sort([("priority", DESCENDING), ("seq", ASCENDING)])
-                .batch_size(max(request.limit * 2, 16))
-            )
-            async for doc in cursor:
-                app_id, task_type = doc["app_id"], doc["task_type"]
-                key: HandlerKey = (app_id, task_type)
-                if key not in handlers:
-                    key = (None, task_type)
+            picked: list[Doc] = []
+            # Whole candidate documents, a page at a time (one round trip, no cursor
+            # left open), the page doubling while the picks skip candidates: the
+            # picked documents are returned without a read-back when all are claimed.
+            skip, page = 0, max(request.limit, 16)
+            while len(picked) < request.limit:
+                found = (
+                    await db.tasks.find(query, session=s)
+                    .sort([("priority", DESCENDING), ("seq", ASCENDING)])
+                    .hint("claim")
+                    .skip(skip)
+                    .limit(page)
+                    .batch_size(page)
+                    .to_list()
+                )
+                for doc in found:
+                    app_id, task_type = doc["app_id"], doc["task_type"]
+                    key: HandlerKey = (app_id, task_type)
                     if key not in handlers:
+                        key = (None, task_type)
+                        if key not in handlers:
+                            continue
+                    if any(scope.covers(app_id, task_type) for scope in suspended):
                         continue
-                if any(scope.covers(app_id, task_type) for scope in suspended):
-                    continue
-                cap = handlers[key]
-                if cap is not None and counts.get(key, 0) >= cap:
-                    continue
-                counts[key] = counts.get(key, 0) + 1
-                picked.append(doc["_id"])
-                if len(picked) >= request.limit:
-                    break
-            await cursor.close()
+                    cap = handlers[key]
+                    if cap is not None and counts.get(key, 0) >= cap:
+                        continue
+                    counts[key] = counts.get(key, 0) + 1
+                    picked.append(doc)
+                    if len(picked) >= request.limit:
+                        break
+                if len(found) < page:
+                    break  # no candidate left
+                skip, page = skip + page, page * 2
             if not picked:
                 raise _Nothing([])
-            token = uuid.uuid4().hex
+            stamp: Doc = {
+                "status": _RUNNING,
+                "worker_id": request.worker_id,
+                "started_at": now,
+                "updated_at": now,
+                "lease_expires_at": now + int(request.lease_seconds * 1_000_000),
+                "claim_token": uuid.uuid4().hex,
+            }
             result = await db.tasks.update_many(
-                {"_id": {"$in": picked}, "status": _PENDING, _WAITING: None},
-                {
-                    "$set": {
-                        "status": _RUNNING,
-                        "worker_id": request.worker_id,
-                        "started_at": now,
-                        "updated_at": now,
-                        "lease_expires_at": now + int(request.lease_seconds * 1_000_000),
-                        "claim_token": token,
-                    },
-                    "$inc": {"attempts": 1},
-                },
+                {"_id": {"$in": [d["_id"] for d in picked]}, "status": _PENDING, _WAITING: None},
+                {"$set": stamp, "$inc": {"attempts": 1}},
                 session=s,
             )
             if not result.modified_count:
                 raise _Raced  # every pick was claimed by another worker since it was read
-            # Read back by the token: the picks another worker took meanwhile are not ours.
-            docs = {d["_id"]: d async for d in db.tasks.find({"claim_token": token}, session=s)}
-            claimed = [task(docs[i]) for i in picked if i in docs]
+            if result.modified_count == len(picked):
+                # All ours: what the update wrote, applied to what was read.
+                claimed = [task({**d, **stamp, "attempts": d["attempts"] + 1}) for d in picked]
+            else:
+                # Read back by the token: the picks another worker took meanwhile are
+                # not ours (on MongoDB such a race aborts the transaction instead).
+                docs = {
+                    d["_id"]: d
+                    async for d in db.tasks.find({"claim_token": stamp["claim_token"]}, session=s)
+                }
+                claimed = [task(docs[d["_id"]]) for d in picked if d["_id"] in docs]
             if tokens:
                 await self._spend(s, tokens, handlers, claimed, now)
             writes = _Writes()
@@ -1152,8 +1213,8 @@ class MongoStorage(TaskStorage):
             if limit.max_running is not None:
                 # An expired lease holds no slot, rescued or not.
                 query: Doc = {
-                    "status": _RUNNING,
-                    "task_type": task_type,
+                    "status": _eq(_RUNNING),
+                    "task_type": _eq(task_type),
                     "lease_expires_at": {"$gt": now},
                 }
                 if key[0] is not None:
@@ -1210,7 +1271,7 @@ class MongoStorage(TaskStorage):
         async def body(s: AsyncClientSession) -> list[Task | None]:
             now = await self._now()
             held = await self._held(s, (f.lease for f in finishes))
-            writes = _Writes()
+            writes = _Writes(replacements=[])  # the finishes' writes go as one bulk_write
             results: list[Task | None] = []
             for finish in finishes:
                 doc = held.get(finish.lease.task_id)
@@ -1276,7 +1337,10 @@ class MongoStorage(TaskStorage):
 
         async def run() -> dict[str, CancelReason | None]:
             db = self._database()
-            fences = {"$or": [self._fence(lease) for lease in leases]}
+            # The ids first: searched on _id (the stand-in scans the collection for an
+            # $or alone), the fences then checked on those documents.
+            ids = list(dict.fromkeys(lease.task_id for lease in leases))
+            fences = {"_id": {"$in": ids}, "$or": [self._fence(lease) for lease in leases]}
             if lease_seconds is not None:
                 until = await self._now() + int(lease_seconds * 1_000_000)
                 await db.tasks.update_many(fences, {"$set": {"lease_expires_at": until}})
@@ -1320,7 +1384,7 @@ class MongoStorage(TaskStorage):
             now = await self._now()
             at = from_micros(now)
             held = await self._held(s, (u.lease for u in updates))
-            writes = _Writes()
+            writes = _Writes(replacements=[])
             written: set[str] = set()
             for update in updates:
                 doc = held.get(update.lease.task_id)
@@ -1332,7 +1396,7 @@ class MongoStorage(TaskStorage):
                 if update.data is not None:
                     changes["data"] = update.data
                 new = task(doc).evolve(**changes)
-                await self._replace(s, doc, new)
+                await self._replace(s, doc, new, writes)
                 held[new.id] = task_document(new, doc["seq"])
                 writes.emit(EventKind.PROGRESS, new)
                 written.add(new.id)
@@ -1350,15 +1414,16 @@ class MongoStorage(TaskStorage):
             at = from_micros(now)
             expired = (
                 await db.tasks.find(
-                    {"status": _RUNNING, "lease_expires_at": {"$lte": now}}, session=s
+                    {"status": _eq(_RUNNING), "lease_expires_at": {"$lte": now}}, session=s
                 )
                 .sort("seq", ASCENDING)
+                .hint("lease")
                 .limit(max(limit, 0))
                 .to_list()
             )
             if not expired:
                 raise _Nothing([])
-            writes = _Writes()
+            writes = _Writes(replacements=[])
             rescued: list[Task] = []
             for doc in expired:
                 old = task(doc)
@@ -1472,7 +1537,7 @@ class MongoStorage(TaskStorage):
                 counts[TaskStatus(row["_id"])] += int(row["n"])
             waiting = 0
             if counts[TaskStatus.PENDING]:
-                blocked: Doc = {"status": _PENDING, _WAITING: {"$gt": 0}}
+                blocked: Doc = {"status": _eq(_PENDING), _WAITING: {"$gt": 0}}
                 selection = _filter_query(filter)
                 waiting = await db.tasks.count_documents(
                     {"$and": [selection, blocked]} if selection else blocked
@@ -1515,10 +1580,19 @@ class MongoStorage(TaskStorage):
                 SuspensionScope(task_type=d["task_type"], app_id=d["app_id"])
                 async for d in db.suspensions.find({})
             ]
-            cursor = db.tasks.find(
-                {"status": _PENDING, "task_type": {"$in": types}, "alias_of": None, _WAITING: None},
-                {"app_id": 1, "task_type": 1, "run_at": 1},
-            ).sort([("run_at", ASCENDING), ("seq", ASCENDING)])
+            cursor = (
+                db.tasks.find(
+                    {
+                        "status": _eq(_PENDING),
+                        "task_type": _one_of(types),
+                        "alias_of": None,
+                        _WAITING: None,
+                    },
+                    {"app_id": 1, "task_type": 1, "run_at": 1},
+                )
+                .sort([("run_at", ASCENDING), ("seq", ASCENDING)])
+                .hint("claim")
+            )
             async for doc in cursor:
                 app_id, task_type = doc["app_id"], doc["task_type"]
                 if (app_id, task_type) not in keys and (None, task_type) not in keys:
@@ -1609,7 +1683,7 @@ class MongoStorage(TaskStorage):
 
         async def children_of(level: list[str]) -> list[tuple[str, str]]:
             cursor = db.tasks.find(
-                {"parent_id": {"$in": level}}, {"_id": 1, "parent_id": 1}, session=s
+                {"parent_id": _one_of(level)}, {"_id": 1, "parent_id": 1}, session=s
             ).sort("seq", ASCENDING)
             return [(d["_id"], d["parent_id"]) async for d in cursor]
 
