@@ -186,8 +186,19 @@ async def started_after_enqueue(cluster: Cluster, url: str) -> float:
     async def ran() -> bool:
         return any(row[0] == task.id for row in cluster.lines("ran")[before:])
 
-    await wait_until(ran, timeout=NOTIFIED_WITHIN, interval=0.01)
+    await _waited_for_the_worker(cluster, ran, NOTIFIED_WITHIN)
     return time.monotonic() - enqueued
+
+
+async def _waited_for_the_worker(
+    cluster: Cluster, probe: Callable[[], Awaitable[bool]], timeout: float
+) -> None:
+    """``wait_until(probe)``; a failure shows what the worker processes printed."""
+    try:
+        await wait_until(probe, timeout=timeout, interval=0.01)
+    except AssertionError as failed:
+        printed = "\n".join(cluster.output(proc)[-4000:] for proc in cluster.procs)
+        raise AssertionError(f"{failed}; the workers printed:\n{printed}") from None
 
 
 async def warmed_up(cluster: Cluster, url: str) -> None:
@@ -205,7 +216,7 @@ async def warmed_up(cluster: Cluster, url: str) -> None:
     async def ran() -> bool:
         return bool(cluster.lines("ran"))
 
-    await wait_until(ran, timeout=60)
+    await _waited_for_the_worker(cluster, ran, 60)
     await asyncio.sleep(1)
 
 

@@ -105,6 +105,10 @@ def _cancel_soon(future: asyncio.Future[None]) -> None:
         future.get_loop().call_soon_threadsafe(future.cancel)
 
 
+# The first pause before waiting on the change listener again after a failed wait.
+_LISTEN_RETRY = 0.05
+
+
 def _run_in_thread(loop: asyncio.AbstractEventLoop, call: Callable[[], Any]) -> asyncio.Future[Any]:
     """Run a sync handler on a thread of its own.
 
@@ -1019,13 +1023,23 @@ class Worker:
         """Wake at once on work or control changes committed by any process (the
         store's push channel); polling stays as the fallback."""
         kinds = frozenset({StoreChange.WORK, StoreChange.CONTROL})
+        pause = _LISTEN_RETRY
         while True:
             try:
                 notified = await listener.wait(kinds, self.poll_interval)
             except Exception:
-                log_retried_failure(log, "waiting for change notifications failed")
-                await asyncio.sleep(self.poll_interval)
+                # Back off from a short pause, not from poll_interval: a worker set to
+                # rely on notifications (a long poll_interval) must not go deaf for a
+                # whole poll_interval after one failed wait.
+                log_retried_failure(
+                    log, "waiting for change notifications failed; again in %.2f s", pause
+                )
+                await asyncio.sleep(pause)
+                pause = min(self.poll_interval, pause * 2)
+                if self._wake is not None:
+                    self._wake.set()  # a notification may have been missed: look once
                 continue
+            pause = _LISTEN_RETRY
             if notified:
                 # Hand off instead of checking here: this loop must be back listening
                 # before the next notification arrives.
