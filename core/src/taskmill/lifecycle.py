@@ -54,7 +54,7 @@ from taskmill.model import (
     TaskStatus,
 )
 from taskmill.serialization import loads
-from taskmill.storage import FinishKind, NewTask
+from taskmill.storage import Finish, FinishKind, NewTask
 
 __all__ = [
     "ALIAS_FIELDS",
@@ -87,6 +87,7 @@ __all__ = [
     "enqueued",
     "existing_task",
     "finish_kind",
+    "finish_rounds",
     "has_retry_budget",
     "key_taken",
     "plan",
@@ -660,3 +661,19 @@ def unknown_dependency(dependency: str, app_id: str | None, other: str | None) -
         f"after= names task {dependency} of app {other!r}, not of {app_id!r}; "
         "a task can only depend on tasks of its own app"
     )
+
+
+def finish_rounds(finishes: Sequence[Finish]) -> list[list[int]]:
+    """The positions of ``finishes`` in rounds of distinct task ids, in call order: a
+    task named twice in one ``finish_batch`` call has its second finish in the next
+    round, so that it finds its lease gone, as if the finishes ran one after another.
+    A store that writes a round with one statement gets sequential semantics."""
+    rounds: list[list[int]] = []
+    seen: dict[str, int] = {}
+    for index, finish in enumerate(finishes):
+        n = seen.get(finish.lease.task_id, 0)
+        seen[finish.lease.task_id] = n + 1
+        if n == len(rounds):
+            rounds.append([])
+        rounds[n].append(index)
+    return rounds

@@ -42,6 +42,7 @@ from taskmill.lifecycle import (
     dependency_settles,
     enqueued,
     finish_kind,
+    finish_rounds,
     key_taken,
     plan,
     rescue_case,
@@ -477,17 +478,7 @@ async def finish(s: Session, finishes: Sequence[Finish]) -> list[Task | None]:
     log: list[Row] = []
     events: list[Event] = []
     ended: list[tuple[str, str]] = []
-    # Rounds of finishes with distinct task ids, so that a task named twice in one call
-    # is finished in call order (the second finds its lease gone, as if sequential).
-    rounds: list[list[int]] = []
-    seen: dict[str, int] = {}
-    for index, one in enumerate(finishes):
-        n = seen.get(one.lease.task_id, 0)
-        seen[one.lease.task_id] = n + 1
-        if n == len(rounds):
-            rounds.append([])
-        rounds[n].append(index)
-    for indexes in rounds:
+    for indexes in finish_rounds(finishes):
         locked: dict[str, Row] = {}
         for chunk in _chunks(list(dict.fromkeys(finishes[i].lease.task_id for i in indexes))):
             text = sql.LOCK_FINISHING.format(sql.marks(len(chunk)))

@@ -55,6 +55,7 @@ from taskmill.lifecycle import (
     dependency_blocks,
     dependency_error,
     enqueued,
+    finish_rounds,
     key_taken,
     settles_aliases,
     split_taken,
@@ -671,7 +672,7 @@ class PostgresStorage(TaskStorage):
         """
         if not finishes:
             return []
-        rounds = _finish_rounds(finishes)
+        rounds = finish_rounds(finishes)
 
         async def apply(conn: Conn) -> list[Task | None]:
             results: list[Task | None] = [None] * len(finishes)
@@ -694,7 +695,7 @@ class PostgresStorage(TaskStorage):
         read back, sent or converted."""
         if not finishes:
             return []
-        rounds = _finish_rounds(finishes)
+        rounds = finish_rounds(finishes)
 
         async def apply(conn: Conn) -> list[bool]:
             applied = [False] * len(finishes)
@@ -1204,20 +1205,6 @@ class PostgresStorage(TaskStorage):
 def _or_null(values: list[Any], n: int) -> list[Any] | None:
     """``values`` (``n`` of them), or None when every one is None."""
     return None if values.count(None) == n else values
-
-
-def _finish_rounds(finishes: Sequence[Finish]) -> list[list[int]]:
-    """The positions of ``finishes`` in rounds: a task named twice in one call is
-    finished in call order, its second finish in the next round (one statement each)."""
-    rounds: list[list[int]] = []
-    seen: dict[str, int] = {}
-    for index, finish in enumerate(finishes):
-        n = seen.get(finish.lease.task_id, 0)
-        seen[finish.lease.task_id] = n + 1
-        if n == len(rounds):
-            rounds.append([])
-        rounds[n].append(index)
-    return rounds
 
 
 def _lease_arrays(leases: Sequence[Lease]) -> tuple[list[str], list[str], list[int]]:

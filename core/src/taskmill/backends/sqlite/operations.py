@@ -63,6 +63,7 @@ from taskmill.lifecycle import (
     dependency_settles,
     enqueued,
     finish_kind,
+    finish_rounds,
     key_taken,
     rescue_case,
     split_taken,
@@ -431,17 +432,7 @@ def finish(conn: sqlite3.Connection, finishes: Sequence[Finish]) -> list[Task | 
     log: list[Row] = []
     events: list[Row] = []
     ended: list[tuple[str, str]] = []
-    # Rounds of finishes with distinct task ids, so that a task named twice in one call
-    # is finished in call order (the second finds its lease gone, as if sequential).
-    rounds: list[list[int]] = []
-    seen: dict[str, int] = {}
-    for index, finish in enumerate(finishes):
-        n = seen.get(finish.lease.task_id, 0)
-        seen[finish.lease.task_id] = n + 1
-        if n == len(rounds):
-            rounds.append([])
-        rounds[n].append(index)
-    for indexes in rounds:
+    for indexes in finish_rounds(finishes):
         by_kind: dict[FinishKind, list[int]] = {}
         for index in indexes:
             by_kind.setdefault(finishes[index].kind, []).append(index)
