@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 import pytest
-from taskmill import InvalidParams, InvalidURL, Taskmill
+from taskmill import InvalidParams, InvalidTaskSpec, InvalidURL, Taskmill, TaskNotFound
 from taskmill.discovery import storage_for_url
 from taskmill.serialization import MAX_PARAMS_DEPTH
 from taskmill_mongo.storage import _LOCK_SECONDS
@@ -49,6 +49,31 @@ async def test_params_nested_deeper_than_the_limit_are_refused_and_the_limit_is_
     task = await tm.enqueue("t", nested(MAX_PARAMS_DEPTH))
     [stored] = await tm.query()
     assert stored.id == task.id and stored.params == nested(MAX_PARAMS_DEPTH)
+
+
+async def test_a_lone_surrogate_in_a_task_type_key_or_id_is_refused_and_an_id_is_not_found(
+    tm: Taskmill,
+) -> None:
+    # Was: UnicodeEncodeError from the store (SQLite's driver) on enqueue, and on get()
+    # of such an id (`taskmill show` printed a traceback).
+    for spec in (
+        {"task_type": "t\ud800"},
+        {"task_type": "t", "dedupe_key": "\udfff"},
+        {"task_type": "t", "app_id": "a\ud800"},
+        {"task_type": "t", "user_id": "\ud800"},
+    ):
+        with pytest.raises(InvalidTaskSpec, match="not valid Unicode text"):
+            await tm.enqueue_many([spec])
+    assert await tm.query() == []
+    assert await tm.get("\ud800") is None
+    with pytest.raises(TaskNotFound):
+        await tm.retry("x\ud800")
+
+
+def test_a_path_like_url_with_a_nul_byte_is_refused_clearly() -> None:
+    # Was: ValueError("embedded null byte") from os.path.expanduser("~\x00").
+    with pytest.raises(InvalidURL, match="not a storage URL"):
+        storage_for_url("~\x00")
 
 
 def test_a_url_with_an_unbalanced_bracket_is_refused_clearly() -> None:

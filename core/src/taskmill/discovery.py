@@ -44,7 +44,11 @@ def url_scheme(url: str) -> str:
     if not isinstance(url, str) or "://" not in url:
         hint = ""
         if isinstance(url, str) and _looks_like_a_path(url):
-            hint = f"; did you mean sqlite:///{os.path.expanduser(url)}?"
+            try:
+                path = os.path.expanduser(url)
+            except ValueError:  # "~name" with a NUL byte: no such user to look up
+                path = url
+            hint = f"; did you mean sqlite:///{path}?"
         raise InvalidURL(
             f"not a storage URL: {url!r}{hint}; expected scheme://..., e.g. "
             "sqlite:///tasks.db (a file in the current directory), "

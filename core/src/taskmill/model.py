@@ -214,6 +214,33 @@ class TaskFilter:
         return filters.matches(self, task)
 
 
+def is_text(value: str) -> bool:
+    """Whether ``value`` is valid Unicode text (encodable as UTF-8: no lone surrogates),
+    which every store can keep."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_text(field: str, value: object) -> None:
+    """Refuse a string field that is not valid Unicode text, naming the character.
+
+    :raises InvalidTaskSpec: ``value`` is a str with a lone surrogate.
+    """
+    if not isinstance(value, str) or value.isascii():
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidTaskSpec(
+            f"{field} holds {value[exc.start]!r} at position {exc.start}, which is not valid "
+            "Unicode text (a lone surrogate, often from bytes decoded with "
+            "errors='surrogateescape'); decode the input properly"
+        ) from None
+
+
 def _task_ids(value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         raise ValueError(f"after= takes a list of task ids, not the string {value!r}")

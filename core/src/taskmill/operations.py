@@ -38,6 +38,8 @@ from taskmill.model import (
     TaskFilter,
     TaskSpec,
     TaskStatus,
+    check_text,
+    is_text,
 )
 from taskmill.serialization import encode_params
 from taskmill.storage import NewTask, StoreChange, utcnow
@@ -145,7 +147,7 @@ class TaskOperations:
         return attrs.evolve(spec, app_id=self._app_id)
 
     async def _require(self, task_id: str) -> Task:
-        task = self._visible(await self._host.storage.get(task_id))
+        task = self._visible(await self._stored(task_id))
         if task is None:
             raise TaskNotFound(f"no task {task_id}")
         return task
@@ -185,6 +187,16 @@ class TaskOperations:
             raise InvalidTaskSpec(f"priority must be an int, got {spec.priority!r}")
         if not spec.task_type or not isinstance(spec.task_type, str):
             raise InvalidTaskSpec("task_type must be a non-empty string")
+        for field, text in (
+            ("task_type", spec.task_type),
+            ("app_id", spec.app_id),
+            ("dedupe_key", spec.dedupe_key),
+            ("parent_id", spec.parent_id),
+            ("user_id", spec.user_id),
+            ("task id", task_id),
+            *(("after", one) for one in spec.after),
+        ):
+            check_text(field, text)
         after = _dependencies(spec)
         if after and not host.storage.capabilities.dependencies:
             raise InvalidTaskSpec(
@@ -317,7 +329,14 @@ class TaskOperations:
     async def get(self, task_id: str) -> Task | None:
         """The task's current snapshot, or None."""
         self._host._check_open()
-        return self._visible(await self._host.storage.get(task_id))
+        return self._visible(await self._stored(task_id))
+
+    async def _stored(self, task_id: str) -> Task | None:
+        """The stored snapshot of ``task_id``; None for an id no task can have (text
+        that is not valid Unicode, such as a lone surrogate: no store can hold it)."""
+        if not task_id.isascii() and not is_text(task_id):
+            return None
+        return await self._host.storage.get(task_id)
 
     async def query(
         self,
