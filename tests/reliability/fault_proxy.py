@@ -80,6 +80,36 @@ POSTGRES_READY: Final = contains(b"Z\x00\x00\x00\x05")
 MYSQL_COMMIT: Final = contains(b"COMMIT")
 """A MySQL client chunk that commits (``COM_QUERY COMMIT``)."""
 
+
+def _lenenc_end(payload: bytes, at: int) -> int:
+    """Where the MySQL length-encoded integer at ``at`` ends."""
+    first = payload[at]
+    return at + {0xFC: 3, 0xFD: 4, 0xFE: 9}.get(first, 1)
+
+
+def mysql_reply_done(chunk: bytes) -> bool:
+    """A MySQL server chunk whose last packet ends the reply: an error, or an OK without
+    ``SERVER_MORE_RESULTS_EXISTS``. A multi-statement query (the backend sends deferred
+    writes with its ``COMMIT``) gets one OK per statement, and the transaction is
+    committed only when the last one is sent: cutting at the first OK would abort it."""
+    at, done = 0, False
+    while at + 4 <= len(chunk):
+        length = int.from_bytes(chunk[at : at + 3], "little")
+        payload = chunk[at + 4 : at + 4 + length]
+        if len(payload) < length:
+            break
+        if payload[:1] == b"\xff":
+            done = True
+        elif payload[:1] in (b"\x00", b"\xfe") and len(payload) >= 5:
+            flags_at = _lenenc_end(payload, _lenenc_end(payload, 1))
+            flags = int.from_bytes(payload[flags_at : flags_at + 2], "little")
+            done = not flags & 0x0008
+        else:
+            done = False
+        at += 4 + length
+    return done
+
+
 _OP_MSG: Final = (2013).to_bytes(4, "little")
 
 

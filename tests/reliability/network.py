@@ -19,6 +19,7 @@ from tests.reliability.fault_proxy import (
     POSTGRES_READY,
     Matcher,
     anything,
+    mysql_reply_done,
     postgres_execution_of,
 )
 
@@ -54,13 +55,14 @@ NETWORK_BACKENDS: dict[str, NetworkBackend] = {
         reply_ends=POSTGRES_READY,
         extra_query={"command_timeout": "5", "connect_timeout": "3"},
     ),
-    # Every write is BEGIN ... COMMIT (COM_QUERY); the reply is one OK packet.
+    # Every write is BEGIN ... COMMIT (COM_QUERY), the COMMIT often in one multi-statement
+    # packet with deferred writes: the reply ends with the OK that has no more results.
     "mysql": NetworkBackend(
         "mysql",
         "mysql_url",
         finish_commit=lambda: MYSQL_COMMIT,
         enqueue_commit=lambda: MYSQL_COMMIT,
-        reply_ends=anything,
+        reply_ends=mysql_reply_done,
         extra_query={"connect_timeout": "3"},
     ),
     # Every write is a transaction (under the writer lock with serializeWrites): it
