@@ -56,6 +56,7 @@ async def test_a_lone_surrogate_in_a_task_type_key_or_id_is_refused_and_an_id_is
 ) -> None:
     # Was: UnicodeEncodeError from the store (SQLite's driver) on enqueue, and on get()
     # of such an id (`taskmill show` printed a traceback).
+    kept = await tm.enqueue("t", {"n": 1}, dedupe_key="k")
     for spec in (
         {"task_type": "t\ud800"},
         {"task_type": "t", "dedupe_key": "\udfff"},
@@ -63,8 +64,9 @@ async def test_a_lone_surrogate_in_a_task_type_key_or_id_is_refused_and_an_id_is
         {"task_type": "t", "user_id": "\ud800"},
     ):
         with pytest.raises(InvalidTaskSpec, match="not valid Unicode text"):
-            await tm.enqueue_many([spec])
-    assert await tm.query() == []
+            await tm.enqueue_many([spec, {"task_type": "t", "params": {"n": 2}}])
+    # Nothing of a refused batch is stored, and what was stored before is intact.
+    assert [(t.id, t.params, t.dedupe_key) for t in await tm.query()] == [(kept.id, {"n": 1}, "k")]
     assert await tm.get("\ud800") is None
     with pytest.raises(TaskNotFound):
         await tm.retry("x\ud800")
