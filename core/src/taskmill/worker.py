@@ -50,6 +50,7 @@ from taskmill.errors import (
     TaskmillError,
     log_retried_failure,
 )
+from taskmill.handler_threads import THREADS as HANDLER_THREADS
 from taskmill.lifecycle import FINISHES, attempt_kind, finish_kind
 from taskmill.limits import TypeLimit
 from taskmill.model import AttemptOutcome, CancelReason, Priority, Task, TaskStatus
@@ -110,12 +111,8 @@ _LISTEN_RETRY = 0.05
 
 
 def _run_in_thread(loop: asyncio.AbstractEventLoop, call: Callable[[], Any]) -> asyncio.Future[Any]:
-    """Run a sync handler on a thread of its own.
-
-    Not a bounded pool: a handler that overruns its timeout keeps its thread (threads
-    cannot be killed), and must not take a pool thread from the next task with it.
-    Daemon threads, so a hung handler cannot hold the process open at exit.
-    """
+    """Run a sync handler on a handler thread (reused, never bounded: see
+    :mod:`taskmill.handler_threads`), without blocking the loop."""
     future: asyncio.Future[Any] = loop.create_future()
 
     def settle(result: Any, error: BaseException | None) -> None:
@@ -134,7 +131,7 @@ def _run_in_thread(loop: asyncio.AbstractEventLoop, call: Callable[[], Any]) -> 
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
             loop.call_soon_threadsafe(settle, result, error)
 
-    threading.Thread(target=target, name="taskmill-handler", daemon=True).start()
+    HANDLER_THREADS.submit(target)
     return future
 
 
