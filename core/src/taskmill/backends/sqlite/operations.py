@@ -15,7 +15,7 @@ short function; splitting them by topic would scatter the helpers they share
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final, TypeVar
 
@@ -427,8 +427,32 @@ def _apply_finishes(
 
 
 def finish(conn: sqlite3.Connection, finishes: Sequence[Finish]) -> list[Task | None]:
-    now = now_us()
+    """Apply ``finishes``; per finish, the new snapshot, or None (lease lost)."""
     results: list[Task | None] = [None] * len(finishes)
+    _finish(conn, finishes, results, task)
+    return results
+
+
+def finish_applied(conn: sqlite3.Connection, finishes: Sequence[Finish]) -> list[bool]:
+    """:func:`finish` without building snapshots: per finish, whether it was applied."""
+    applied = [False] * len(finishes)
+    _finish(conn, finishes, applied, _applied_flag)
+    return applied
+
+
+def _applied_flag(row: Row) -> bool:
+    return True
+
+
+def _finish(
+    conn: sqlite3.Connection,
+    finishes: Sequence[Finish],
+    results: list[Any],
+    result_of: Callable[[Row], Any],
+) -> None:
+    """The changes of :func:`finish`; ``results[i] = result_of(new row)`` per applied
+    finish ``i``."""
+    now = now_us()
     log: list[Row] = []
     events: list[Row] = []
     ended: list[tuple[str, str]] = []
@@ -476,13 +500,12 @@ def finish(conn: sqlite3.Connection, finishes: Sequence[Finish]) -> list[Task | 
                     None if outcome == _COMPLETED else finish.error,
                 )
             )  # fmt: skip
-            results[index] = task(row)
+            results[index] = result_of(row)
     if ended:
         settle_dependents(conn, ended, now, events)
     if log:
         conn.executemany(sql.INSERT_ATTEMPT, log)
         insert_events(conn, events)
-    return results
 
 
 def renew(
