@@ -261,7 +261,7 @@ async def tm(backend_url: str) -> AsyncIterator[Taskmill]:
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh store shared across processes: a SQLite file, or a PostgreSQL schema or
     MySQL database of this test alone (the tests that need real processes or servers
-    run on each). MongoDB's multi-process tests are tests/test_mongo_multiprocess.py:
+    run on each). MongoDB's multi-process tests are in tests/test_server_multiprocess.py:
     the supervisor and stop-stress tests here kill processes mid-transaction, which
     nx-27017 (the test stand-in, one SQLite connection per database) does not survive
     cleanly (a killed client's open savepoint breaks the next transaction)."""

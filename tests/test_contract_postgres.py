@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
@@ -24,7 +23,6 @@ from taskmill.model import (
     TaskStatus,
 )
 from taskmill.storage import (
-    ClaimRequest,
     FinishKind,
     StoreChange,
     TaskStorage,
@@ -45,6 +43,7 @@ from taskmill_postgres import schema as pg_schema
 from taskmill_postgres.options import redact
 
 from tests.conftest import POSTGRES_URL, drop_schema, new_schema_name
+from tests.test_server_multiprocess import run_together
 
 
 class PostgresMigrations(SchemaMigrations):
@@ -400,140 +399,6 @@ async def test_schemas_of_one_database_are_separate_stores(postgres_url: str):
         drop_schema(second)
 
 
-_MIGRATOR = """
-import asyncio, sys
-from taskmill_postgres import PostgresStorage
-
-async def main():
-    store = PostgresStorage.from_url(sys.argv[1])
-    sys.stdout.write("ready\\n"); sys.stdout.flush()
-    sys.stdin.readline()
-    print(await store.migrate())
-
-asyncio.run(main())
-"""
-
-
-def _run_together(script: str, *args: str, processes: int) -> list[str]:
-    """Start ``processes`` runs of ``script``, release them at once, return their output."""
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", script, *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(processes)
-    ]
-    try:
-        for proc in procs:
-            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        outputs = [proc.communicate(timeout=120) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for proc, (_, err) in zip(procs, outputs, strict=True):
-        assert proc.returncode == 0, err
-    return [out.strip().splitlines()[-1] for out, _ in outputs]
-
-
-async def test_concurrent_migrations_from_several_processes_apply_each_file_once(
-    postgres_url: str,
-):
-    results = await asyncio.to_thread(_run_together, _MIGRATOR, postgres_url, processes=4)
-    assert results == [str(latest_version())] * 4
-    store = PostgresStorage.from_url(postgres_url)
-    await store.open()
-    try:
-        (task,) = await store.enqueue([new_task()])
-        assert await store.get(task.id) == task
-    finally:
-        await store.close()
-
-
-# -- claims -----------------------------------------------------------------------------
-
-
-async def _plan(store: PostgresStorage, request: ClaimRequest) -> str:
-    statement = store.sql.claim_arguments(request, 0, "c")
-    assert statement is not None
-    sql, args = statement
-    conn = await raw()
-    try:
-        rows = await conn.fetch(f"EXPLAIN (COSTS OFF) {sql}", *args)
-    finally:
-        await conn.close()
-    return "\n".join(r[0] for r in rows)
-
-
-_REQUESTS = [
-    ClaimRequest(worker_id="w", handlers={(None, "job"): None}, limit=100, lease_seconds=30),
-    ClaimRequest(
-        worker_id="w",
-        handlers={(None, "job"): 3, ("app", "job"): None, (None, "other"): None},
-        limit=100,
-        lease_seconds=30,
-        min_priority=1000,
-    ),
-]
-
-
-@pytest.mark.parametrize("request_", _REQUESTS, ids=["one-type", "caps-apps-priority"])
-async def test_a_claim_uses_the_partial_claim_index(store: PostgresStorage, request_: ClaimRequest):
-    await _finished_rows(store, 20000)
-    await store.enqueue([new_task(t) for t in ("job", "other") for _ in range(50)])
-    await store.suspend(SuspensionScope(task_type="unrelated"))
-    plan = await _plan(store, request_)
-    assert plan.count("Index Scan using tasks_claim") == len(request_.handlers), plan
-    assert "Seq Scan on tasks" not in plan, plan
-    assert "SKIP LOCKED" not in plan  # (EXPLAIN shows it as LockRows)
-    assert "LockRows" in plan
-
-
-async def _finished_rows(store: PostgresStorage, count: int) -> None:
-    """Add ``count`` COMPLETED tasks straight in SQL (fast), then ANALYZE."""
-    s = store.sql.quoted
-    conn = await raw()
-    try:
-        await conn.execute(
-            f"INSERT INTO {s}.tasks (id, task_type, status, created_at, run_at, updated_at,"
-            " params, priority, max_retries, attempts, result, started_at, finished_at)"
-            " SELECT 'done-' || g, 'job', 'completed', now(), now(), now(), '{}', 100, 3, 1,"
-            " 'null', now(), now() FROM generate_series(1, $1::int) AS g",
-            count,
-        )
-        await conn.execute(f"ANALYZE {s}.tasks")
-    finally:
-        await conn.close()
-
-
-@pytest.mark.slow
-async def test_with_a_million_finished_tasks_the_claim_still_reads_only_the_queue(
-    store: PostgresStorage,
-):
-    s = store.sql.quoted
-    await _finished_rows(store, 1_000_000)
-    conn = await raw()
-    try:
-        await store.enqueue([new_task("job") for _ in range(200)])
-        plan = await _plan(store, _REQUESTS[0])
-        assert "Index Scan using tasks_claim" in plan and "Seq Scan on tasks" not in plan, plan
-        claim_index = await conn.fetchval(f"SELECT pg_relation_size('{s}.tasks_claim')")
-        table = await conn.fetchval(f"SELECT pg_relation_size('{s}.tasks')")
-        assert claim_index < table / 100  # the queue's index, not the table's
-        claimed = await store.claim_batch(claim_request(limit=100))
-        assert len(claimed) == 100
-    finally:
-        await conn.close()
-
-
 _CLAIMER = """
 import asyncio, json, os, sys
 from taskmill_postgres import PostgresStorage
@@ -560,7 +425,7 @@ asyncio.run(main())
 @pytest.mark.slow
 async def test_worker_processes_never_claim_the_same_task(store: PostgresStorage):
     expected = {t.id for t in await store.enqueue([new_task() for _ in range(900)])}
-    outputs = await asyncio.to_thread(_run_together, _CLAIMER, store.url, processes=3)
+    outputs = await asyncio.to_thread(run_together, _CLAIMER, store.url, processes=3)
     claimed = [json.loads(out) for out in outputs]
     ids = [i for _, got in claimed for i in got]
     assert len(ids) == len(set(ids)) == 900
@@ -734,7 +599,7 @@ asyncio.run(main())
 async def test_concurrent_enqueues_with_one_key_from_several_processes_yield_one_leader(
     store: PostgresStorage,
 ):
-    await asyncio.to_thread(_run_together, _ENQUEUER, store.url, processes=4)
+    await asyncio.to_thread(run_together, _ENQUEUER, store.url, processes=4)
     tasks = await store.query(TaskFilter(), limit=1000)
     leaders = [t for t in tasks if t.alias_of is None]
     assert len(tasks) == 100

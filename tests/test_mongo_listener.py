@@ -26,8 +26,8 @@ from taskmill.testing import claim, finish, new_task, wait_until
 from taskmill_mongo import MongoStorage
 from taskmill_mongo.listener import MongoChangeListener
 
-from tests.test_mongo_multiprocess import RESTART_VARIABLE
 from tests.test_multiprocess_sqlite import Cluster
+from tests.test_server_multiprocess import SERVERS
 
 WORK = frozenset({StoreChange.WORK})
 CONTROL = frozenset({StoreChange.CONTROL})
@@ -245,7 +245,7 @@ async def _reachable(url: str) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.restarts_server(RESTART_VARIABLE)
+@pytest.mark.restarts_server(SERVERS["mongo"].restart_variable)
 async def test_the_listener_and_an_idle_worker_carry_on_after_a_server_restart(
     cluster: Cluster, mongo_url: str, stores: tuple[MongoStorage, MongoStorage]
 ):
@@ -259,7 +259,7 @@ async def test_the_listener_and_an_idle_worker_carry_on_after_a_server_restart(
 
         restarted = await asyncio.to_thread(
             subprocess.run,
-            ["bash", "-c", os.environ[RESTART_VARIABLE]],
+            ["bash", "-c", os.environ[SERVERS["mongo"].restart_variable]],
             capture_output=True,
             text=True,
             timeout=120,

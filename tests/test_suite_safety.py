@@ -97,7 +97,7 @@ def test_a_test_that_restarts_a_server_is_skipped_unless_its_variable_is_set(
     assert out.startswith("exit 0\n"), out
     skipped = re.findall(r"^(tests/\S+::\S+) SKIPPED", out, re.MULTILINE)
     assert (
-        "tests/test_postgres_multiprocess.py::test_a_server_restart_mid_run_loses_nothing_and_runs_nothing_twice"
+        "tests/test_server_multiprocess.py::test_a_server_restart_mid_run_loses_nothing_and_runs_nothing_twice[postgres]"
         in skipped
     ), out
     summary = out.strip().splitlines()[-1]

@@ -1,43 +1,121 @@
-"""Several real processes on one MongoDB database (nx-27017 in CI): exactly-once execution by
-three worker processes, a ``kill -9`` rescued by another worker, a cancel reaching
-another process, dedupe and ``migrate`` raced from four processes, and a server restart
-in the middle of a run (only when ``$TASKMILL_TEST_MONGO_RESTART`` holds the command
-that restarts the server of ``$TASKMILL_TEST_MONGO_URL``).
+"""Several real processes on one database of each server backend (PostgreSQL, MySQL /
+MariaDB, MongoDB): exactly-once execution by three worker processes, a ``kill -9``
+rescued by another worker, a cancel reaching another process, dedupe and ``migrate``
+raced from four processes, and a server restart in the middle of a run (only when the
+backend's ``$TASKMILL_TEST_<BACKEND>_RESTART`` holds the command that restarts the test
+server; ``.ci/run`` sets them).
 
-The workers are ``tests/worker_process.py`` (the script the SQLite and PostgreSQL tests
-run); handlers append a line per run to an ``O_APPEND`` log, so the tests count exactly
-how often each handler ran, and in which process.
+One module for the three backends, so that they are held to the same tests: only the
+server, the storage class of the ``migrate`` race and the restart variable differ. The
+workers are ``tests/worker_process.py`` (the script the SQLite tests run too); handlers
+append a line per run to an ``O_APPEND`` log, so the tests count exactly how often each
+handler ran, and in which process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import attrs
 import pytest
 from taskmill import AttemptOutcome, TaskFilter, Taskmill, TaskStatus
 from taskmill.errors import StorageUnavailable
 from taskmill.testing import wait_until
-from taskmill_mongo import SCHEMA_VERSION, MongoStorage
 
+from tests.conftest import skip_or_fail
 from tests.test_multiprocess_sqlite import Cluster, lines_appear, wait_exit
 
 pytestmark = pytest.mark.slow
 
-RESTART_VARIABLE = "TASKMILL_TEST_MONGO_RESTART"
-"""Holds the shell command that restarts the server of ``$TASKMILL_TEST_MONGO_URL``;
-without it the restart test is skipped."""
+
+def _postgres_version() -> int:
+    from taskmill_postgres import latest_version
+
+    return latest_version()
+
+
+def _mysql_version() -> int:
+    from taskmill_mysql import latest_version
+
+    return latest_version()
+
+
+def _mongo_version() -> int:
+    from taskmill_mongo import SCHEMA_VERSION
+
+    return SCHEMA_VERSION
+
+
+@attrs.frozen
+class Server:
+    """What differs between the server backends in these tests."""
+
+    backend: str
+    """The name ``TASKMILL_REQUIRE_BACKENDS`` uses."""
+    url_fixture: str
+    """The conftest fixture giving a URL of a fresh database of this test alone."""
+    storage: str
+    """``module:class`` of the storage, for the ``migrate`` race."""
+    schema_version: Callable[[], int]
+    """The version ``migrate`` brings a database to."""
+    restart_variable: str
+    """Holds the shell command that restarts the test server; without it the restart
+    test is skipped."""
+
+
+SERVERS = {
+    s.backend: s
+    for s in (
+        Server(
+            "postgres",
+            "postgres_url",
+            "taskmill_postgres:PostgresStorage",
+            _postgres_version,
+            "TASKMILL_TEST_POSTGRES_RESTART",
+        ),
+        Server(
+            "mysql",
+            "mysql_url",
+            "taskmill_mysql:MySQLStorage",
+            _mysql_version,
+            "TASKMILL_TEST_MYSQL_RESTART",
+        ),
+        Server(
+            "mongo",
+            "mongo_url",
+            "taskmill_mongo:MongoStorage",
+            _mongo_version,
+            "TASKMILL_TEST_MONGO_RESTART",
+        ),
+    )
+}
+
+
+@pytest.fixture(params=list(SERVERS))
+def server(request: pytest.FixtureRequest) -> Server:
+    return SERVERS[request.param]
 
 
 @pytest.fixture
-def cluster(mongo_url: str, tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(mongo_url, tmp_path / "runs.log")
+def server_url(server: Server, request: pytest.FixtureRequest) -> str:
+    """A URL of a fresh database of this test alone on ``server``."""
+    url = request.getfixturevalue(server.url_fixture)
+    assert isinstance(url, str)
+    return url
+
+
+@pytest.fixture
+def cluster(server_url: str, tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(server_url, tmp_path / "runs.log")
     yield c
     c.close()
 
@@ -113,9 +191,8 @@ async def test_a_cancel_from_this_process_stops_a_handler_in_another(cluster: Cl
 
 
 _READY_THEN = """
-import asyncio, sys
+import asyncio, importlib, sys
 from taskmill import Taskmill
-from taskmill_mongo import MongoStorage
 
 async def main():
     sys.stdout.write("ready\\n"); sys.stdout.flush()
@@ -132,12 +209,18 @@ _DEDUPE = _READY_THEN.format(
         "    print('done')"
     )
 )
-_MIGRATE = _READY_THEN.format(body="    print(await MongoStorage.from_url(sys.argv[1]).migrate())")
+_MIGRATE = _READY_THEN.format(
+    body=(
+        "    module, name = sys.argv[2].split(':')\n"
+        "    storage = getattr(importlib.import_module(module), name)\n"
+        "    print(await storage.from_url(sys.argv[1]).migrate())"
+    )
+)
 
 
-def _run_together(script: str, *args: str, processes: int) -> list[str]:
-    """Start ``processes`` runs of ``script``, release them at once, return the last
-    line each printed."""
+def run_together(script: str, *args: str, processes: int) -> list[str]:
+    """Start ``processes`` runs of ``script`` (which prints ``ready`` and waits for a
+    line on stdin), release them at once, return the last line each printed."""
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", script, *args],
@@ -167,12 +250,12 @@ def _run_together(script: str, *args: str, processes: int) -> list[str]:
 
 
 async def test_concurrent_enqueues_of_one_dedupe_key_from_four_processes_make_one_leader(
-    mongo_url: str,
+    server_url: str,
 ):
-    async with Taskmill(mongo_url, plugins=False):
+    async with Taskmill(server_url, plugins=False):
         pass  # create the schema once, so the processes race on enqueue only
-    assert await asyncio.to_thread(_run_together, _DEDUPE, mongo_url, processes=4) == ["done"] * 4
-    async with Taskmill(mongo_url, plugins=False) as tm:
+    assert await asyncio.to_thread(run_together, _DEDUPE, server_url, processes=4) == ["done"] * 4
+    async with Taskmill(server_url, plugins=False) as tm:
         tasks = await tm.query(limit=1000)
     leaders = [t for t in tasks if t.alias_of is None]
     assert len(tasks) == 100
@@ -180,16 +263,18 @@ async def test_concurrent_enqueues_of_one_dedupe_key_from_four_processes_make_on
     assert all(t.alias_of == leaders[0].id for t in tasks if t is not leaders[0])
 
 
-async def test_concurrent_migrations_from_four_processes_leave_one_schema(mongo_url: str):
-    results = await asyncio.to_thread(_run_together, _MIGRATE, mongo_url, processes=4)
-    assert results == [str(SCHEMA_VERSION)] * 4
-    store = MongoStorage.from_url(mongo_url)
-    await store.open()
-    try:
-        assert await store.exists()
-        assert await store.migrate() == SCHEMA_VERSION
-    finally:
-        await store.close()
+async def test_concurrent_migrations_from_four_processes_leave_one_working_schema(
+    server: Server, server_url: str
+):
+    results = await asyncio.to_thread(
+        run_together, _MIGRATE, server_url, server.storage, processes=4
+    )
+    version = server.schema_version()
+    assert results == [str(version)] * 4
+    async with Taskmill(server_url, plugins=False) as tm:
+        assert await tm.storage.migrate() == version  # nothing left to apply
+        task = await tm.enqueue("after-migrate", {"n": 1})
+        assert await tm.get(task.id) == task
 
 
 async def _completed_when_reachable(url: str) -> int | None:
@@ -200,10 +285,29 @@ async def _completed_when_reachable(url: str) -> int | None:
         return None
 
 
-@pytest.mark.restarts_server(RESTART_VARIABLE)
+def _restart_command(server: Server) -> str:
+    """The restart command, checked: its program exists (and pg_ctlcluster runs as
+    root, which it needs to drop to the postgres user)."""
+    given = os.environ[server.restart_variable]  # the restarts_server mark skips without it
+    program = shlex.split(given)[:1]
+    if not program or shutil.which(program[0]) is None:
+        skip_or_fail(server.backend, f"cannot restart the test server: {given!r} not found")
+    if program == ["pg_ctlcluster"] and os.geteuid() != 0:
+        skip_or_fail(server.backend, "restarting the test server with pg_ctlcluster needs root")
+    return given
+
+
+@pytest.mark.parametrize(
+    "server",
+    [
+        pytest.param(s, id=s.backend, marks=pytest.mark.restarts_server(s.restart_variable))
+        for s in SERVERS.values()
+    ],
+)
 async def test_a_server_restart_mid_run_loses_nothing_and_runs_nothing_twice(
-    cluster: Cluster,
+    server: Server, cluster: Cluster
 ):
+    command = _restart_command(server)
     total = 600
     async with Taskmill(cluster.url, plugins=False) as tm:
         tasks = await tm.enqueue_many(
@@ -214,11 +318,7 @@ async def test_a_server_restart_mid_run_loses_nothing_and_runs_nothing_twice(
     procs = [cluster.start("--concurrency", "4", "--lease", "20") for _ in range(3)]
     await lines_appear(cluster, "ran", 60, timeout=60)
     restarted = await asyncio.to_thread(
-        subprocess.run,
-        ["bash", "-c", os.environ[RESTART_VARIABLE]],
-        capture_output=True,
-        text=True,
-        timeout=120,
+        subprocess.run, ["bash", "-c", command], capture_output=True, text=True, timeout=120
     )
     assert restarted.returncode == 0, restarted.stderr
     assert len(cluster.lines("ran")) < total, "the restart came too late to interrupt the run"
@@ -235,3 +335,6 @@ async def test_a_server_restart_mid_run_loses_nothing_and_runs_nothing_twice(
     assert set(counts) == {t.id for t in tasks}
     twice = [k for k, v in counts.items() if v > 1]
     assert twice == [], f"{len(twice)} handlers ran twice"
+    async with Taskmill(cluster.url, plugins=False) as tm:
+        done = await tm.query(TaskFilter(statuses=(TaskStatus.COMPLETED,)), limit=total)
+        assert len(done) == total
