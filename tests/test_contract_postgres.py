@@ -626,7 +626,7 @@ async def wait_begun(listener: PostgresChangeListener, kinds: frozenset[StoreCha
     listener LISTENs on every channel of ``kinds`` (a notification counts from then)."""
 
     async def begun() -> bool:
-        return all(listener._waiters[k] for k in kinds) and kinds <= listener._listening
+        return all(listener._waiters.waiting(k) for k in kinds) and kinds <= listener._listening
 
     await wait_until(begun, interval=0.001)
 

@@ -17,9 +17,10 @@ backend author reads.
 from __future__ import annotations
 
 import abc
+import asyncio
 import enum
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Self, TypeAlias
 
@@ -147,6 +148,64 @@ class ChangeListener(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Stop listening (idempotent)."""
+
+
+class ChangeWaiters:
+    """The waiting side of a :class:`ChangeListener`, for backends to build on: who
+    waits for which kinds, and waking them. The listener calls :meth:`wake` for each
+    change it hears (and for every kind after it may have missed some), and
+    :meth:`close` when it closes.
+
+    A waiter is registered before anything the wait needs is set up (``prepare``, such
+    as subscribing to a channel), so a change reported while that runs is not lost.
+    """
+
+    def __init__(self) -> None:
+        self._waiters: dict[StoreChange, set[asyncio.Future[None]]] = {
+            kind: set() for kind in StoreChange
+        }
+        self.closed = False
+
+    async def wait(
+        self,
+        kinds: frozenset[StoreChange],
+        timeout: float,
+        prepare: Callable[[], Awaitable[None]] | None = None,
+    ) -> bool:
+        """Wait until :meth:`wake` names one of ``kinds`` after this call began, or
+        ``timeout`` seconds pass; ``prepare`` runs first, once the waiter is registered.
+
+        :returns: True when woken, False on timeout or once closed.
+        """
+        if self.closed:
+            return False
+        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        for kind in kinds:
+            self._waiters[kind].add(woken)
+        try:
+            if prepare is not None:
+                await prepare()
+            await asyncio.wait([woken], timeout=max(0.0, timeout))
+        finally:
+            for kind in kinds:
+                self._waiters[kind].discard(woken)
+        return woken.done() and not woken.cancelled() and not self.closed
+
+    def waiting(self, kind: StoreChange) -> int:
+        """How many waits for ``kind`` are registered now."""
+        return len(self._waiters[kind])
+
+    def wake(self, kinds: Iterable[StoreChange]) -> None:
+        """Wake every waiter for one of ``kinds``."""
+        for kind in kinds:
+            for woken in self._waiters[kind]:
+                if not woken.done():
+                    woken.set_result(None)
+
+    def close(self) -> None:
+        """Wake every waiter; from now on :meth:`wait` returns False at once."""
+        self.closed = True
+        self.wake(StoreChange)
 
 
 @attrs.frozen

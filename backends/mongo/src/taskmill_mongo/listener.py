@@ -52,7 +52,7 @@ from pymongo.asynchronous.change_stream import AsyncChangeStream
 from pymongo.errors import OperationFailure, PyMongoError
 from taskmill.errors import StorageUnavailable
 from taskmill.model import TaskStatus
-from taskmill.storage import ChangeListener, StoreChange
+from taskmill.storage import ChangeListener, ChangeWaiters, StoreChange
 
 __all__ = ["COLLECTIONS", "MongoChangeListener", "kinds_of", "pipeline_for"]
 
@@ -172,9 +172,7 @@ class MongoChangeListener(ChangeListener):
         self.ping_interval = ping_interval
         self.idle_pause = idle_pause
         self.max_backoff = max_backoff
-        self._waiters: dict[StoreChange, set[asyncio.Future[None]]] = {
-            kind: set() for kind in StoreChange
-        }
+        self._waiters = ChangeWaiters()
         self._streams: dict[str, asyncio.Task[None]] = {}
         self._tokens: dict[str, Mapping[str, Any] | None] = {}
         self._subscribing = asyncio.Lock()
@@ -216,27 +214,20 @@ class MongoChangeListener(ChangeListener):
 
         :returns: True when notified, False on timeout (or once closed).
         """
-        if self._closed:
-            return False
-        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        for kind in kinds:
-            self._waiters[kind].add(woken)
-        try:
+
+        async def subscribe() -> None:
             wanted = {name for name, offers in COLLECTIONS.items() if offers & kinds}
             if not wanted <= self._streams.keys():
                 await self._subscribe(wanted)
-            await asyncio.wait([woken], timeout=max(0.0, timeout))
-        finally:
-            for kind in kinds:
-                self._waiters[kind].discard(woken)
-        return woken.done() and not woken.cancelled() and not self._closed
+
+        return await self._waiters.wait(kinds, timeout, subscribe)
 
     async def close(self) -> None:
         """Close every stream and the client (idempotent)."""
         if self._closed:
             return
         self._closed = True
-        self._wake(frozenset(StoreChange))
+        self._waiters.close()
         streams, self._streams = list(self._streams.values()), {}
         for stream in streams:
             stream.cancel()
@@ -248,12 +239,6 @@ class MongoChangeListener(ChangeListener):
                 await self._client.close()
 
     # -- internals ---------------------------------------------------------------------
-
-    def _wake(self, kinds: frozenset[StoreChange]) -> None:
-        for kind in kinds:
-            for woken in self._waiters[kind]:
-                if not woken.done():
-                    woken.set_result(None)
 
     async def _subscribe(self, names: set[str]) -> None:
         """Open the streams of ``names`` not open yet, each before it is handed to its
@@ -277,7 +262,7 @@ class MongoChangeListener(ChangeListener):
                     # What committed before the stream opened is not in it, and the
                     # caller may have looked before that (a worker's first claim runs
                     # while its listener subscribes): its waiters look once more.
-                    self._wake(COLLECTIONS[name])
+                    self._waiters.wake(COLLECTIONS[name])
 
     async def _open_stream(self, name: str) -> AsyncChangeStream[Doc]:
         token = self._tokens.get(name)
@@ -311,7 +296,7 @@ class MongoChangeListener(ChangeListener):
                 self.reconnects += 1
                 log.warning("change stream on %s.%s reopened", self.database, name)
                 # What happened while it was down may be lost: every waiter looks.
-                self._wake(frozenset(StoreChange))
+                self._waiters.wake(StoreChange)
             delay = 0.05
             try:
                 await self._read(name, stream)
@@ -342,7 +327,7 @@ class MongoChangeListener(ChangeListener):
             if change is not None:
                 kinds = kinds_of(name, change)
                 if kinds:
-                    self._wake(kinds)
+                    self._waiters.wake(kinds)
                 continue
             idle = self.idle_pause - (time.monotonic() - asked)
             if idle > 0:

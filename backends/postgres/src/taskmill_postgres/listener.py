@@ -25,7 +25,7 @@ from typing import Any
 
 import asyncpg
 from taskmill.errors import StorageUnavailable
-from taskmill.storage import ChangeListener, StoreChange
+from taskmill.storage import ChangeListener, ChangeWaiters, StoreChange
 
 log = logging.getLogger("taskmill.postgres")
 
@@ -64,9 +64,7 @@ class PostgresChangeListener(ChangeListener):
         self._conn: asyncpg.Connection[asyncpg.Record] | None = None
         self._listening: set[StoreChange] = set()
         self._subscribing = asyncio.Lock()
-        self._waiters: dict[StoreChange, set[asyncio.Future[None]]] = {
-            kind: set() for kind in StoreChange
-        }
+        self._waiters = ChangeWaiters()
         self._lost = asyncio.Event()
         self._closed = False
         self._supervisor: asyncio.Task[None] | None = None
@@ -102,27 +100,20 @@ class PostgresChangeListener(ChangeListener):
 
         :returns: True when notified, False on timeout (or once closed).
         """
-        if self._closed:
-            return False
-        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        for kind in kinds:
-            self._waiters[kind].add(woken)
-        try:
+
+        async def subscribe() -> None:
             missing = kinds - self._listening
             if missing:
                 await self._subscribe(missing)
-            await asyncio.wait([woken], timeout=max(0.0, timeout))
-        finally:
-            for kind in kinds:
-                self._waiters[kind].discard(woken)
-        return woken.done() and not woken.cancelled() and not self._closed
+
+        return await self._waiters.wait(kinds, timeout, subscribe)
 
     async def close(self) -> None:
         """Stop listening and close the connection (idempotent)."""
         if self._closed:
             return
         self._closed = True
-        self._wake(frozenset(StoreChange))
+        self._waiters.close()
         supervisor, self._supervisor = self._supervisor, None
         if supervisor is not None:
             supervisor.cancel()
@@ -138,16 +129,10 @@ class PostgresChangeListener(ChangeListener):
 
     # -- internals ---------------------------------------------------------------------
 
-    def _wake(self, kinds: frozenset[StoreChange] | set[StoreChange]) -> None:
-        for kind in kinds:
-            for woken in self._waiters[kind]:
-                if not woken.done():
-                    woken.set_result(None)
-
     def _on_notification(self, conn: Any, pid: int, channel: str, payload: object) -> None:
         kind = self._kinds.get(channel)
         if kind is not None:
-            self._wake({kind})
+            self._waiters.wake((kind,))
 
     def _on_termination(self, conn: Any) -> None:
         if conn is self._conn:
@@ -224,5 +209,5 @@ class PostgresChangeListener(ChangeListener):
                 self.reconnects += 1
                 log.warning("LISTEN connection on %s* re-established", self.prefix)
                 # What was notified meanwhile is lost: tell every waiter to look.
-                self._wake(frozenset(StoreChange))
+                self._waiters.wake(StoreChange)
                 break
