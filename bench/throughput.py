@@ -473,6 +473,11 @@ def figure_label(figure: dict[str, Any]) -> str:
     ).label
 
 
+def load_range(loads: list[float]) -> str:
+    low, high = f"{min(loads):.1f}", f"{max(loads):.1f}"
+    return low if low == high else f"{low}-{high}"
+
+
 def write_summary(results_dir: Path) -> Path:
     """Regenerate the markdown table of every recorded run, newest first."""
     rows = []
@@ -499,7 +504,7 @@ def write_summary(results_dir: Path) -> Path:
                 f"{figure_label(figure)} | {figure['worker']} | "
                 f"{figure['enqueue_per_s_median']:,.0f} | "
                 f"**{figure['process_per_s_median']:,.0f}** ({processing}) | {against} | "
-                f"{min(loads):.1f}-{max(loads):.1f} | "
+                f"{load_range(loads)} | "
                 f"{machine['cores']} cores {machine['cpu_model']}, "
                 f"Python {machine['python']}, SQLite {machine['sqlite_library']} | "
                 f"`{machine['git_commit'][:10]}`{'+' if machine['git_dirty'] else ''} | "
