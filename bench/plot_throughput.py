@@ -77,8 +77,6 @@ class Panel:
     reference_label: str = ""
     reference: list[float] = field(default_factory=list)
     """Every round's reference figure (a band from the lowest to the highest)."""
-    reference_by_concurrency: dict[int, float] = field(default_factory=dict)
-    """A reference measured per concurrency (the memory floor): a line instead."""
     target: float | None = None
     sources: list[str] = field(default_factory=list)
 
@@ -114,12 +112,14 @@ def throughput_panel(results: Path, backend: str, title: str) -> Panel | None:
         setting = f"{figure['concurrency']}:{figure['prefetch']}:{figure['finish_window']}"
         concurrency, label = setting_label(setting)
         panel.taskmill.setdefault(label, {})[concurrency] = figure["process_per_s_median"]
-    per_concurrency: dict[int, list[float]] = defaultdict(list)
-    for run in reference["runs"]:
-        panel.reference.append(run["process_per_s"])
-        if run["concurrency"] is not None:
-            per_concurrency[run["concurrency"]].append(run["process_per_s"])
-    panel.reference_by_concurrency = {c: statistics.median(v) for c, v in per_concurrency.items()}
+    panel.reference = [run["process_per_s"] for run in reference["runs"]]
+    strict: dict[int, list[float]] = defaultdict(list)
+    for run in reference.get("strict_floor_runs", []):
+        strict[run["concurrency"]].append(run["process_per_s"])
+    if strict:
+        panel.peers["strict floor: at most `concurrency` tasks at once (median)"] = {
+            c: statistics.median(v) for c, v in strict.items()
+        }
     loads = [r["load_1min"] for f in record["figures"] for r in f["runs"]]
     panel.sources.append(
         f"{path.name}: {record['settings']['tasks']:,} tasks, {record['settings']['repeat']} "
@@ -251,27 +251,8 @@ def mongo_panel(results: Path) -> Panel | None:
 def draw_panel(axes: Any, panel: Panel) -> None:
     concurrencies = sorted(
         {c for points in (*panel.taskmill.values(), *panel.peers.values()) for c in points}
-        | set(panel.reference_by_concurrency)
     )
-    if panel.reference_by_concurrency:
-        xs = sorted(panel.reference_by_concurrency)
-        axes.plot(
-            xs,
-            [panel.reference_by_concurrency[x] for x in xs],
-            color="0.4",
-            linestyle="--",
-            marker="s",
-            label=f"{panel.reference_label} (median)",
-        )
-        if panel.target:
-            axes.plot(
-                xs,
-                [panel.reference_by_concurrency[x] * panel.target for x in xs],
-                color="0.4",
-                linestyle=":",
-                label=f"target: {panel.target:.0%} of it",
-            )
-    elif panel.reference:
+    if panel.reference:
         axes.axhspan(
             min(panel.reference),
             max(panel.reference),
