@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import gc
 import json
 import os
 import platform
@@ -661,6 +662,7 @@ async def bench_backend(
         # figures taken under the same load.
         ref: dict[str, float] | None = None
         if reference is not None and kind is not None:
+            gc.collect()  # each measurement starts from a collected heap
             load = round(os.getloadavg()[0], 2)
             ref = await measure_reference(kind, url, args.tasks, args.batch_size)
             reference_runs.append({"round": number, "load_1min": load, **ref})
@@ -672,6 +674,7 @@ async def bench_backend(
         strict: dict[int, float] = {}
         if kind == "memory":
             for concurrency in sorted({s.concurrency for s in settings}):
+                gc.collect()
                 load = round(os.getloadavg()[0], 2)
                 strict[concurrency] = await strict_memory_floor(args.tasks, concurrency)
                 strict_runs.append(
@@ -688,6 +691,7 @@ async def bench_backend(
                     flush=True,
                 )
         for setting in settings:
+            gc.collect()
             load = round(os.getloadavg()[0], 2)
             run = await run_once(
                 backend or "url",
