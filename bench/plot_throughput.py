@@ -77,6 +77,10 @@ class Panel:
     reference_label: str = ""
     reference: list[float] = field(default_factory=list)
     """Every round's reference figure (a band from the lowest to the highest)."""
+    ratios: Series = field(default_factory=dict)
+    """taskmill's share of the reference: the median of the rounds' ratios, per line."""
+    reference_lines: Series = field(default_factory=dict)
+    """Further references measured per concurrency (the strict floor): grey lines."""
     target: float | None = None
     sources: list[str] = field(default_factory=list)
 
@@ -112,12 +116,13 @@ def throughput_panel(results: Path, backend: str, title: str) -> Panel | None:
         setting = f"{figure['concurrency']}:{figure['prefetch']}:{figure['finish_window']}"
         concurrency, label = setting_label(setting)
         panel.taskmill.setdefault(label, {})[concurrency] = figure["process_per_s_median"]
+        panel.ratios.setdefault(label, {})[concurrency] = figure["ratio_to_reference_median"]
     panel.reference = [run["process_per_s"] for run in reference["runs"]]
     strict: dict[int, list[float]] = defaultdict(list)
     for run in reference.get("strict_floor_runs", []):
         strict[run["concurrency"]].append(run["process_per_s"])
     if strict:
-        panel.peers["strict floor: at most `concurrency` tasks at once (median)"] = {
+        panel.reference_lines["strict floor: at most `concurrency` tasks at once (median)"] = {
             c: statistics.median(v) for c, v in strict.items()
         }
     loads = [r["load_1min"] for f in record["figures"] for r in f["runs"]]
@@ -147,6 +152,9 @@ def postgres_panel(results: Path) -> Panel | None:
         else:
             concurrency_, label = setting_label(name)
             panel.taskmill.setdefault(label, {})[concurrency_] = median
+            panel.ratios.setdefault(label, {})[concurrency_] = statistics.median(
+                r[name]["process_per_s"] / r["ceiling_per_s"] for r in record["rounds"]
+            )
     panel.reference = [r["ceiling_per_s"] for r in record["rounds"]]
     panel.sources.append(
         f"{path.name}: {record['settings']['tasks']:,} tasks, {len(record['rounds'])} rounds, "
@@ -189,6 +197,10 @@ def mysql_panel(results: Path) -> Panel | None:
         panel.taskmill.setdefault(label, {})[concurrency] = statistics.median(
             r["taskmill"]["current"][setting]["process_per_s"] for r in rounds
         )
+        panel.ratios.setdefault(label, {})[concurrency] = statistics.median(
+            r["taskmill"]["current"][setting]["process_per_s"] / r["raw"]["process_per_s"]
+            for r in rounds
+        )
     huey: dict[int, float] = {}
     for concurrency in rounds[0].get("huey", {}):
         huey[int(concurrency)] = statistics.median(
@@ -226,6 +238,9 @@ def mongo_panel(results: Path) -> Panel | None:
         panel.taskmill.setdefault(label, {})[concurrency] = statistics.median(
             r[name]["process_per_s"] for r in rounds
         )
+        panel.ratios.setdefault(label, {})[concurrency] = statistics.median(
+            r[name]["process_per_s"] / r["raw_update_many"]["process_per_s"] for r in rounds
+        )
     panel.sources.append(
         f"{path.name}: {record['settings']['tasks']:,} tasks, {len(rounds)} rounds, "
         f"{_load_text([r['load_before'] for r in rounds])}"
@@ -249,9 +264,8 @@ def mongo_panel(results: Path) -> Panel | None:
 
 
 def draw_panel(axes: Any, panel: Panel) -> None:
-    concurrencies = sorted(
-        {c for points in (*panel.taskmill.values(), *panel.peers.values()) for c in points}
-    )
+    lines = (*panel.taskmill.values(), *panel.peers.values(), *panel.reference_lines.values())
+    concurrencies = sorted({c for points in lines for c in points})
     if panel.reference:
         axes.axhspan(
             min(panel.reference),
@@ -266,18 +280,29 @@ def draw_panel(axes: Any, panel: Panel) -> None:
                 linestyle=":",
                 label=f"target: {panel.target:.0%} of its median",
             )
+    for label, points in sorted(panel.reference_lines.items()):
+        xs = sorted(points)
+        axes.plot(xs, [points[x] for x in xs], color="0.5", linestyle="--", marker="s", label=label)
     for label, points in sorted(panel.taskmill.items()):
         xs = sorted(points)
         axes.plot(xs, [points[x] for x in xs], marker="o", linewidth=2, label=label)
+        for x, ratio in panel.ratios.get(label, {}).items():
+            axes.annotate(
+                f"{ratio:.0%}",
+                (x, points[x]),
+                textcoords="offset points",
+                xytext=(6, -3),
+                fontsize=6.5,
+            )
     for label, points in sorted(panel.peers.items()):
         xs = sorted(points)
         axes.plot(xs, [points[x] for x in xs], marker="^", linestyle="-.", label=label)
     axes.set_xscale("log")
     axes.set_xticks(concurrencies)
     axes.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    axes.set_ylim(bottom=0)
+    axes.set_yscale("log")
     axes.set_xlabel("concurrency (one worker process)", fontsize=8)
-    axes.set_ylabel("no-op tasks processed / s (median)", fontsize=8)
+    axes.set_ylabel("no-op tasks processed / s (median, log scale)", fontsize=8)
     axes.set_title(panel.title + "\n" + "\n".join(panel.sources), fontsize=7)
     axes.legend(fontsize=6.5, loc="best")
     axes.grid(True, alpha=0.3)
@@ -302,7 +327,8 @@ def summary(results: Path, out: Path) -> None:
         axes.axis("off")
     figure.suptitle(
         "taskmill throughput against concurrency, beside each backend's raw ceiling (memory: "
-        "the task-per-item floor) and peers; 2 shared vCPUs",
+        "the task-per-item floor) and peers; 2 shared vCPUs.\nThe percentages are taskmill's "
+        "share of the reference: the median of the rounds' ratios.",
         fontsize=10,
     )
     figure.tight_layout()
