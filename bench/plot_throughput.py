@@ -244,6 +244,7 @@ def mongo_panel(results: Path) -> Panel | None:
     panel.sources.append(
         f"{path.name}: {record['settings']['tasks']:,} tasks, {len(rounds)} rounds, "
         f"{_load_text([r['load_before'] for r in rounds])}"
+        + (f" ({record['label']})" if record.get("label") else "")
     )
     _, celery_record = _newest(
         "mongo-peers-*.json",
