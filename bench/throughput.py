@@ -17,7 +17,7 @@ Every invocation also measures a **reference** beside taskmill, in the same roun
 reports taskmill's figures as ratios to it (issue 15):
 
 - memory: the *task-per-item floor*, the same no-op handler run as one asyncio task per
-  item, all created at once and gathered, no framework (the form of the issue's figure);
+  item, all created at once and gathered, no framework (this form gives the issue's figure);
   also the *strict floor* at each concurrency: at most ``concurrency`` tasks at once,
   each started from the done callback of the one before;
 - SQLite: the *raw ceiling*, a minimal ``sqlite3`` loop (the driver taskmill's SQLite
@@ -253,8 +253,8 @@ async def run_once(
 
 async def memory_floor(tasks: int) -> float:
     """Tasks/s of the task-per-item floor: ``noop`` run as one asyncio task per item, all
-    created at once and gathered, no framework and no store (the form that gives the
-    issue's figure, about 67,000/s)."""
+    created at once and gathered, no framework and no store (the issue does not record its
+    loop; this form gives its figure, about 67,000/s)."""
     items = [{"i": i} for i in range(tasks)]
     ctx = cast(Context, None)  # the handler does not look at it
     started = time.perf_counter()
