@@ -9,9 +9,13 @@ steady rate: the tasks that finished between the 10th and the 90th percentile of
 stored finish times, over that span, which leaves out the start-up and the last tasks'
 tail (a long-running worker's rate); it is read from the store afterwards, so measuring
 it adds nothing to the run. Results are printed and,
-unless ``--no-record``, written to ``bench/results/processes-<time>.json``.
+unless ``--no-record``, written to ``bench/results/processes-<time>-<backend>.json``, with
+the 1-minute load average at the start of every run. Any store shared between processes
+works; a PostgreSQL URL can name a schema of its own (``?schema=bench_processes``).
 
     uv run python bench/processes.py --url sqlite:///tmp/p.db --tasks 400 --processes 1 2
+    uv run python bench/processes.py --tasks 3000 --processes 1 2 --repeat 3 \\
+        --url "postgresql://taskmill:taskmill@127.0.0.1:5432/taskmill?schema=bench_processes"
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import asyncio
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -105,6 +110,8 @@ def main() -> None:
     loops = _loops_for(args.cpu_ms)
     runs: dict[int, list[float]] = {n: [] for n in args.processes}
     steady: dict[int, list[float]] = {n: [] for n in args.processes}
+    loads: dict[int, list[float]] = {n: [] for n in args.processes}
+    load_at_start = list(os.getloadavg())
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         (workdir / "bench_cpu_handlers.py").write_text(HANDLERS)
@@ -112,14 +119,17 @@ def main() -> None:
             for n in args.processes:  # alternating, so the machine's load falls on each
                 asyncio.run(_clear(args.url))
                 asyncio.run(_enqueue(args.url, args.tasks))
+                load = round(os.getloadavg()[0], 2)
                 took = _drain(args.url, n, args.concurrency, workdir, loops)
                 steady_rate = asyncio.run(_check(args.url, args.tasks))
                 rate = args.tasks / took
                 runs[n].append(rate)
                 steady[n].append(steady_rate)
+                loads[n].append(load)
                 print(
                     f"round {round_ + 1}: --processes {n}: {took:.2f} s, {rate:,.0f} tasks/s "
-                    f"start to exit, {steady_rate:,.0f} tasks/s steady"
+                    f"start to exit, {steady_rate:,.0f} tasks/s steady, load {load:.2f}",
+                    flush=True,
                 )
     medians = {n: sorted(r)[len(r) // 2] for n, r in runs.items()}
     steady_medians = {n: sorted(r)[len(r) // 2] for n, r in steady.items()}
@@ -145,11 +155,14 @@ def main() -> None:
             "steady_medians": {str(n): m for n, m in steady_medians.items()},
             "machine": f"{os.cpu_count()} cores {platform.processor() or platform.machine()}, "
             f"Python {platform.python_version()}",
+            "load_average_1_5_15_at_start": load_at_start,
+            "load_1min_per_run": {str(n): r for n, r in loads.items()},
             "load_average": list(os.getloadavg()),
         }
         args.results_dir.mkdir(exist_ok=True)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        path = args.results_dir / f"processes-{stamp}.json"
+        backend = re.sub(r"[^a-z0-9]+", "-", args.url.split(":", 1)[0].lower())
+        path = args.results_dir / f"processes-{stamp}-{backend}.json"
         path.write_text(json.dumps(record, indent=2) + "\n")
         print(f"recorded {path}")
 

@@ -82,10 +82,12 @@ async def run(url: str, tasks: int, concurrency: int, interval: float) -> dict[s
                 "seconds": time.monotonic() - started,
                 "completed": summary.completed,
                 "rss_kib": rss,
+                "load_1min": round(os.getloadavg()[0], 2),
             }
             samples.append(sample)
             print(
-                f"{sample['seconds']:7.0f} s {summary.completed:>9,} done {rss / 1024:7.1f} MiB",
+                f"{sample['seconds']:7.0f} s {summary.completed:>9,} done {rss / 1024:7.1f} MiB"
+                f"  load {sample['load_1min']:.2f}",
                 flush=True,
             )
         out, _ = await output
