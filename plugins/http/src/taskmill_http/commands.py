@@ -17,40 +17,25 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-import uvicorn
 from taskmill.app import Taskmill
 from taskmill.errors import ConfigurationError
-from taskmill.plugins import CommandRegistrar, LoopFactory
+from taskmill.plugins import CommandRegistrar
 
-from taskmill_http.dashboard import SESSION_SECRET_ENV
-from taskmill_http.service import create_app
-from taskmill_http.tokens import TOKENS_ENV, Tokens
+from taskmill_http.tokens import SESSION_SECRET_ENV, TOKENS_ENV, Tokens
 
 log = logging.getLogger("taskmill.http")
 
 
-class _Server(uvicorn.Server):
-    """uvicorn's server, except that a SIGINT/SIGTERM that stopped it gracefully is not
-    raised again afterwards: ``taskmill serve`` then exits 0, like ``taskmill worker``."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        with super().capture_signals():
-            try:
-                yield
-            finally:
-                self._captured_signals.clear()
-
-
-def _fast_loop_factory() -> LoopFactory | None:
+def _new_loop() -> asyncio.AbstractEventLoop:
     """uvloop's event loop where it is installed (taskmill-http depends on it outside
     Windows): it writes responses and reads requests at a fraction of asyncio's cost,
-    which is most of the service's time once creates are coalesced."""
+    which is most of the service's time once creates are coalesced. Imported when
+    ``serve`` runs, not when the command line is built for another command."""
     try:
         import uvloop
     except ImportError:
-        return None
-    return uvloop.new_event_loop
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
 
 
 def add_serve(commands: CommandRegistrar) -> None:
@@ -64,7 +49,7 @@ def add_serve(commands: CommandRegistrar) -> None:
         '"*" for an admin. The dashboard is at /ui (sign in with a token; '
         f"${SESSION_SECRET_ENV} signs its session cookies). See docs/service.md and "
         "docs/dashboard.md.",
-        loop_factory=_fast_loop_factory(),
+        loop_factory=_new_loop,
     )
     cmd.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     cmd.add_argument(
@@ -90,6 +75,25 @@ async def serve(args: argparse.Namespace, settings: Any) -> int:
             '[tokens] "token" = "app_id", or "*" for an admin)'
         )
     tokens = Tokens.from_file(path)
+    # The server's modules load here, not with the command line: every other command
+    # (a worker's start, say) would pay for them.
+    import uvicorn
+
+    from taskmill_http.service import create_app
+
+    class _Server(uvicorn.Server):
+        """uvicorn's server, except that a SIGINT/SIGTERM that stopped it gracefully is
+        not raised again afterwards: ``taskmill serve`` then exits 0, like ``taskmill
+        worker``."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    self._captured_signals.clear()
+
     tm = Taskmill(settings.url, **settings.taskmill_options())
     tm.load_plugins(enable=settings.enable_plugins, disable=settings.disable_plugins)
     async with tm:

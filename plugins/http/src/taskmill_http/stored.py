@@ -15,12 +15,11 @@ import asyncio
 import contextlib
 import logging
 import weakref
+from typing import Any
 
 from taskmill.app import Taskmill
 from taskmill.errors import HandlerConflict
 from taskmill.storage import HandlerKey, HandlerRegistration
-
-from taskmill_http.handler import HttpHandler
 
 log = logging.getLogger("taskmill.http.handlers")
 
@@ -74,7 +73,7 @@ class StoredHandlers:
                 try:
                     registry.register(
                         registration.task_type,
-                        HttpHandler(registration.url),
+                        _http_handler(registration.url),
                         app_id=registration.app_id,
                         max_retries=registration.max_retries,
                         timeout=registration.timeout,
@@ -129,3 +128,11 @@ def stored_handlers(tm: Taskmill, *, interval: float | None = None) -> StoredHan
     elif interval is not None:
         found.interval = interval
     return found
+
+
+def _http_handler(url: str) -> Any:
+    """An :class:`~taskmill_http.HttpHandler` for ``url``; its HTTP client (httpx) is
+    imported with the first stored registration, not with every worker's start."""
+    from taskmill_http.handler import HttpHandler
+
+    return HttpHandler(url)

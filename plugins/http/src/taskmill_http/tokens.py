@@ -29,6 +29,12 @@ ADMIN = "*"
 TOKENS_ENV = "TASKMILL_TOKENS_FILE"
 """Names the tokens file when ``taskmill serve`` gets no ``--tokens``."""
 
+SESSION_SECRET_ENV = "TASKMILL_SESSION_SECRET"
+"""Read by ``taskmill serve``: the key that signs the dashboard's session cookies (share
+it between replicas; without it each process makes a random one, and sessions end with
+it). Here, with the tokens, so that the command line names it without importing the
+dashboard."""
+
 
 @attrs.frozen
 class Caller:

@@ -7,10 +7,10 @@
 from taskmill_http.dashboard.app import (
     CONTENT_SECURITY_POLICY,
     SESSION_COOKIE,
-    SESSION_SECRET_ENV,
     Dashboard,
     create_dashboard,
 )
+from taskmill_http.tokens import SESSION_SECRET_ENV
 
 __all__ = [
     "CONTENT_SECURITY_POLICY",

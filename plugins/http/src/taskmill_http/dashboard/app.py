@@ -47,9 +47,6 @@ if TYPE_CHECKING:  # the service builds the dashboard: no import at run time
 
 SESSION_COOKIE = "taskmill_ui"
 """The name of the dashboard's session cookie."""
-SESSION_SECRET_ENV = "TASKMILL_SESSION_SECRET"
-"""Read by ``taskmill serve``: the key that signs session cookies (share it between
-replicas; without it each process makes a random one, and sessions end with it)."""
 SESSION_MAX_AGE = 12 * 3600
 """Seconds a sign-in lasts."""
 MAX_FORM_BYTES = 64 * 1024
