@@ -8,14 +8,13 @@ model itself.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, Final, TypeVar
-
-import cattrs
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from taskmill.errors import InvalidParams
 from taskmill.model import JSON
@@ -34,8 +33,17 @@ def _structure_datetime(value: Any, _: type) -> datetime:
     return parsed.astimezone(UTC)
 
 
+if TYPE_CHECKING:
+    import cattrs
+
+    converter: cattrs.Converter
+    """The converter :func:`to_dict` and :func:`from_dict` use (made on first use)."""
+
+
 def make_converter() -> cattrs.Converter:
     """A cattrs converter with taskmill's hooks (datetime, UUID; enums by value)."""
+    import cattrs  # here: 60 ms of import that a worker's start does not need
+
     converter = cattrs.Converter()
     converter.register_unstructure_hook(datetime, _unstructure_datetime)
     converter.register_structure_hook(datetime, _structure_datetime)
@@ -44,19 +52,29 @@ def make_converter() -> cattrs.Converter:
     return converter
 
 
-converter = make_converter()
+@functools.cache
+def _converter() -> cattrs.Converter:
+    return make_converter()
+
+
+def __getattr__(name: str) -> Any:
+    # ``converter`` is made on first use: cattrs costs 60 ms of import, which a worker's
+    # start (and every CLI command that prints no JSON) does not need.
+    if name == "converter":
+        return _converter()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def to_dict(value: Any) -> dict[str, Any]:
     """A JSON-ready dict of a model object (Task, Attempt, ...)."""
-    result = converter.unstructure(value)
+    result = _converter().unstructure(value)
     assert isinstance(result, dict)
     return result
 
 
 def from_dict(cls: type[T], value: dict[str, Any]) -> T:
     """The model object of ``cls`` that ``to_dict`` produced."""
-    return converter.structure(value, cls)
+    return _converter().structure(value, cls)
 
 
 # One encoder: json.dumps builds a new one on every call with non-default options.
