@@ -197,8 +197,7 @@ def summarize(rounds: list[dict[str, Any]], batch: int, systems: list[str]) -> d
     """Medians over the rounds of ``batch``: rates, and the ratios within each round."""
     mine = [r for r in rounds if r["batch"] == batch]
     out: dict[str, Any] = {
-        f"median_{s}_per_s": statistics.median(r[s]["enqueue_per_s"] for r in mine)
-        for s in systems
+        f"median_{s}_per_s": statistics.median(r[s]["enqueue_per_s"] for r in mine) for s in systems
     }
     for a, b in (("taskmill", GRAPHILE), ("before", GRAPHILE), ("taskmill", "before")):
         if a in systems and b in systems:
