@@ -17,7 +17,8 @@ round, not the absolute rate.
   (``cd bench/graphile_worker && npm ci`` first), ``node bench.mjs ... enqueue``.
 
 Recorded in ``bench/results/postgres-enqueue-ab-<date>.json``; see docs/benchmarks.md
-(issue 15).
+(issue 15). ``--profile FILE`` instead runs the current taskmill once under cProfile
+(only the enqueue calls) and writes the 25 functions with the most own time to FILE.
 
     uv run python bench/postgres_enqueue_ab.py --url "$TASKMILL_TEST_POSTGRES_URL" \\
         --before /tmp/before --batch 1000 --batch 100 --rounds 6
@@ -27,8 +28,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import io
 import json
 import os
+import pstats
 import statistics
 import subprocess
 import sys
@@ -48,8 +52,11 @@ BENCH_DIR = Path(__file__).resolve().parent
 GRAPHILE = "graphile-worker"
 
 
-async def enqueue_run(url: str, tasks: int, batch: int) -> dict[str, Any]:
-    """One timed bulk enqueue with the ``taskmill`` this process imports."""
+async def enqueue_run(
+    url: str, tasks: int, batch: int, profile: cProfile.Profile | None = None
+) -> dict[str, Any]:
+    """One timed bulk enqueue with the ``taskmill`` this process imports (under
+    ``profile`` when given)."""
     import taskmill
     from taskmill import Taskmill
 
@@ -57,6 +64,8 @@ async def enqueue_run(url: str, tasks: int, batch: int) -> dict[str, Any]:
     tm = Taskmill(ab.with_schema(url, schema), plugins=False)
     try:
         async with tm:
+            if profile is not None:
+                profile.enable()
             started = time.perf_counter()
             for first in range(0, tasks, batch):
                 await tm.enqueue_many(
@@ -66,6 +75,8 @@ async def enqueue_run(url: str, tasks: int, batch: int) -> dict[str, Any]:
                     ]
                 )
             seconds = time.perf_counter() - started
+            if profile is not None:
+                profile.disable()
             stored = await tm.progress_summary()
             if stored.pending != tasks:
                 raise RuntimeError(f"{stored.pending} of {tasks} tasks stored")
@@ -134,6 +145,7 @@ def main() -> None:
     parser.add_argument("--before", help="a taskmill source tree to compare with")
     parser.add_argument("--no-graphile", action="store_true")
     parser.add_argument("--no-record", action="store_true")
+    parser.add_argument("--profile", type=Path, help="profile one run into this file")
     parser.add_argument("--one", nargs=2, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.url:
@@ -142,6 +154,19 @@ def main() -> None:
         print(json.dumps(asyncio.run(enqueue_run(args.url, *args.one))), flush=True)
         return
     batches = args.batch or [1000]
+    if args.profile:
+        profile = cProfile.Profile()
+        result = asyncio.run(enqueue_run(args.url, args.tasks, batches[0], profile))
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(25)
+        header = (
+            f"# {args.tasks} tasks in enqueue_many calls of {batches[0]} under cProfile:"
+            f" {result['enqueue_per_s']:,.0f}/s, load {os.getloadavg()[0]:.2f},"
+            f" taskmill from {result['taskmill_file']}"
+            f" (this script at {ab._git('rev-parse', '--short', 'HEAD')})\n"
+        )
+        args.profile.write_text(header + text.getvalue())
+        return
     systems = ["taskmill"]
     if args.before:
         systems.append("before")
