@@ -38,11 +38,8 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-
-import asyncpg
 
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
@@ -81,16 +78,8 @@ async def enqueue_run(
             if stored.pending != tasks:
                 raise RuntimeError(f"{stored.pending} of {tasks} tasks stored")
     finally:
-        await drop_schema(url, schema)
+        await ab.drop_schema(url, schema)
     return {"enqueue_per_s": tasks / seconds, "taskmill_file": taskmill.__file__}
-
-
-async def drop_schema(url: str, schema: str) -> None:
-    admin = await asyncpg.connect(ab.plain_dsn(url))
-    try:
-        await admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-    finally:
-        await admin.close()
 
 
 def run_taskmill(url: str, tasks: int, batch: int, before: str | None) -> dict[str, Any]:
@@ -118,19 +107,9 @@ def run_taskmill(url: str, tasks: int, batch: int, before: str | None) -> dict[s
 def run_graphile(url: str, tasks: int, batch: int) -> dict[str, Any]:
     schema = f"bench_gw_enq_{uuid.uuid4().hex[:8]}"
     try:
-        done = subprocess.run(
-            ["node", "bench.mjs", ab.plain_dsn(url), schema, str(tasks), "1", "enqueue",
-             str(batch)],
-            cwd=BENCH_DIR / "graphile_worker",
-            capture_output=True,
-            text=True,
-            check=False,
-        )  # fmt: skip
-        if done.returncode != 0:
-            raise RuntimeError(f"graphile-worker failed ({done.returncode}):\n{done.stderr}")
-        report = json.loads(done.stdout.strip().splitlines()[-1])
+        report = ab.run_graphile_bench(url, schema, tasks, 1, "enqueue", batch)
     finally:
-        asyncio.run(drop_schema(url, schema))
+        asyncio.run(ab.drop_schema(url, schema))
     return {"enqueue_per_s": tasks / float(report["enqueueSeconds"])}
 
 
@@ -199,23 +178,14 @@ def main() -> None:
     print(json.dumps(summary, indent=2))
     if args.no_record:
         return
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = BENCH_DIR / "results" / f"postgres-enqueue-ab-{stamp}.json"
-    record = {
-        "settings": {
-            "tasks": args.tasks,
-            "rounds": args.rounds,
-            "batches": batches,
-            "systems": systems,
-            "before": args.before,
-        },
-        "machine": {"cpus": os.cpu_count(), "commit": ab._git("rev-parse", "HEAD")},
-        "dirty": bool(ab._git("status", "--porcelain")),
-        "rounds": rounds,
-        "summary": summary,
+    settings = {
+        "tasks": args.tasks,
+        "rounds": args.rounds,
+        "batches": batches,
+        "systems": systems,
+        "before": args.before,
     }
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"recorded {out}")
+    ab.record("postgres-enqueue-ab", settings, rounds, summary)
 
 
 def summarize(rounds: list[dict[str, Any]], batch: int, systems: list[str]) -> dict[str, Any]:
