@@ -156,29 +156,42 @@ GRAPHILE_DIR = BENCH_DIR / "graphile_worker"
 async def graphile_run(url: str, tasks: int, concurrency: int, mode: str) -> dict[str, float]:
     schema = f"bench_gw_{uuid.uuid4().hex[:8]}"
     try:
-        done = await asyncio.to_thread(
-            subprocess.run,
-            ["node", "bench.mjs", plain_dsn(url), schema, str(tasks), str(concurrency), mode],
-            cwd=GRAPHILE_DIR,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"graphile-worker failed ({done.returncode}):\n{done.stderr}")
-        report = json.loads(done.stdout.strip().splitlines()[-1])
+        report = await asyncio.to_thread(run_graphile_bench, url, schema, tasks, concurrency, mode)
         if int(report["processed"]) != tasks:
             raise RuntimeError(f"graphile-worker processed {report['processed']} of {tasks}")
     finally:
-        admin = await asyncpg.connect(plain_dsn(url))
-        try:
-            await admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-        finally:
-            await admin.close()
+        await drop_schema(url, schema)
     return {
         "process_per_s": tasks / float(report["seconds"]),
         "enqueue_per_s": tasks / float(report["enqueueSeconds"]),
     }
+
+
+def run_graphile_bench(
+    url: str, schema: str, tasks: int, concurrency: int, mode: str, batch: int = 1000
+) -> dict[str, Any]:
+    """Run ``bench.mjs`` (graphile-worker) once; its JSON report."""
+    done = subprocess.run(
+        ["node", "bench.mjs", plain_dsn(url), schema, str(tasks), str(concurrency), mode,
+         str(batch)],
+        cwd=GRAPHILE_DIR,
+        capture_output=True,
+        text=True,
+        check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"graphile-worker failed ({done.returncode}):\n{done.stderr}")
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return report
+
+
+async def drop_schema(url: str, schema: str) -> None:
+    """Drop a run's schema (and everything in it)."""
+    admin = await asyncpg.connect(plain_dsn(url))
+    try:
+        await admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    finally:
+        await admin.close()
 
 
 def _git(*args: str) -> str:
@@ -255,24 +268,31 @@ async def main() -> None:
     print(json.dumps(summary, indent=2))
     if args.no_record:
         return
+    settings_record = {
+        "tasks": args.tasks,
+        "rounds": args.rounds,
+        "taskmill": settings,
+        "ceiling_batch": args.ceiling_batch,
+        "ceiling_connections": args.ceiling_connections,
+        "graphile_worker": args.graphile,
+        "worker": "one worker in the benchmark's process, after the enqueue phase",
+    }
+    record("postgres-prefetch-ab", settings_record, rounds, summary)
+
+
+def record(name: str, settings: dict[str, Any], rounds: list[Any], summary: Any) -> None:
+    """Write ``bench/results/<name>-<UTC time>.json``: the settings, the machine, the
+    commit and whether the tree had uncommitted changes, the rounds and the summary."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = BENCH_DIR / "results" / f"postgres-prefetch-ab-{stamp}.json"
-    record = {
-        "settings": {
-            "tasks": args.tasks,
-            "rounds": args.rounds,
-            "taskmill": settings,
-            "ceiling_batch": args.ceiling_batch,
-            "ceiling_connections": args.ceiling_connections,
-            "graphile_worker": args.graphile,
-            "worker": "one worker in the benchmark's process, after the enqueue phase",
-        },
+    out = BENCH_DIR / "results" / f"{name}-{stamp}.json"
+    document = {
+        "settings": settings,
         "machine": {"cpus": os.cpu_count(), "commit": _git("rev-parse", "HEAD")},
         "dirty": bool(_git("status", "--porcelain")),
         "rounds": rounds,
         "summary": summary,
     }
-    out.write_text(json.dumps(record, indent=2) + "\n")
+    out.write_text(json.dumps(document, indent=2) + "\n")
     print(f"recorded {out}")
 
 

@@ -1,12 +1,14 @@
 // graphile-worker (pinned in package.json) beside taskmill: bulk enqueue, then drain
 // no-op jobs with one runner in this process. Prints one JSON line.
-//   node bench.mjs <connectionString> <schema> <jobs> <concurrency> <defaults|best>
+//   node bench.mjs <connectionString> <schema> <jobs> <concurrency> <defaults|best|enqueue> [batch]
 // "best": localQueue of 1000 jobs and batched completions (completeJobBatchDelay 0,
-// failJobBatchDelay 0), graphile-worker's own high-throughput settings.
+// failJobBatchDelay 0), graphile-worker's own high-throughput settings. "enqueue": the
+// bulk enqueue only (addJobs of `batch` jobs per call, default 1000), no runner.
 import { makeWorkerUtils, run } from "graphile-worker";
 
-const [connectionString, schema, jobsArg, concurrencyArg, mode] = process.argv.slice(2);
+const [connectionString, schema, jobsArg, concurrencyArg, mode, batchArg] = process.argv.slice(2);
 const jobs = Number(jobsArg);
+const batch = Number(batchArg ?? 1000);
 const concurrency = Number(concurrencyArg);
 const { Logger } = await import("graphile-worker");
 const silent = new Logger(() => () => {});
@@ -14,15 +16,19 @@ const silent = new Logger(() => () => {});
 const utils = await makeWorkerUtils({ connectionString, schema, logger: silent });
 await utils.migrate();
 let started = performance.now();
-for (let first = 0; first < jobs; first += 1000) {
+for (let first = 0; first < jobs; first += batch) {
   const specs = [];
-  for (let i = first; i < Math.min(jobs, first + 1000); i++) {
+  for (let i = first; i < Math.min(jobs, first + batch); i++) {
     specs.push({ identifier: "noop", payload: { i } });
   }
   await utils.addJobs(specs);
 }
 const enqueueSeconds = (performance.now() - started) / 1000;
 await utils.release();
+if (mode === "enqueue") {
+  console.log(JSON.stringify({ enqueueSeconds, enqueued: jobs }));
+  process.exit(0);
+}
 
 let done = 0;
 let finish;

@@ -277,8 +277,8 @@ class TaskSpec:
             raise InvalidTaskSpec(
                 f"a task spec is a TaskSpec or a dict, not {type(value).__name__}"
             )
-        unknown = value.keys() - _SPEC_FIELDS
-        if unknown:
+        if not _SPEC_FIELDS.issuperset(value):
+            unknown = value.keys() - _SPEC_FIELDS
             raise InvalidTaskSpec(f"unknown task spec field(s): {', '.join(sorted(unknown))}")
         if "task_type" not in value:
             raise InvalidTaskSpec("a task spec needs a 'task_type'")

@@ -194,9 +194,11 @@ class TaskOperations:
             ("parent_id", spec.parent_id),
             ("user_id", spec.user_id),
             ("task id", task_id),
-            *(("after", one) for one in spec.after),
         ):
-            check_text(field, text)
+            if text is not None:
+                check_text(field, text)
+        for one in spec.after:
+            check_text("after", one)
         after = _dependencies(spec)
         if after and not host.storage.capabilities.dependencies:
             raise InvalidTaskSpec(

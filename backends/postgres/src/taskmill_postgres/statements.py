@@ -187,6 +187,90 @@ _DEPENDENCY_CANCEL_SET: Final = set_clause(
 )
 
 
+_ENQUEUE_INPUT: Final = (
+    " SELECT i.id, i.task_type, i.app_id, i.params, i.priority::bigint AS priority,"
+    " i.max_retries::integer AS max_retries, i.run_at::timestamptz AS run_at,"
+    " i.dedupe_key, i.parent_id, i.user_id, i.waiting_on::integer AS waiting_on, i.ord"
+    " FROM ROWS FROM (json_array_elements_text($1::json),"
+    " json_array_elements_text($2::json), json_array_elements_text($3::json),"
+    " json_array_elements($4::json), json_array_elements_text($5::json),"
+    " json_array_elements_text($6::json), json_array_elements_text($7::json),"
+    " json_array_elements_text($8::json), json_array_elements_text($9::json),"
+    " json_array_elements_text($10::json), json_array_elements_text($13::json))"
+    " WITH ORDINALITY AS i(id, task_type, app_id, params, priority, max_retries,"
+    " run_at, dedupe_key, parent_id, user_id, waiting_on, ord)"
+)
+"""The rows of an enqueue batch, in the order given (``ord``).
+
+The batch travels as JSON arrays, one per column ($4: the params objects themselves),
+read side by side (a column sent as NULL reads as NULLs). asyncpg would encode Python
+lists as PostgreSQL arrays element by element, checking each element for being a
+nested array: that cost more client time than the rest of the call's transport
+(docs/backends.md, PostgreSQL)."""
+
+
+def _enqueue_statement(s: str, *, keyed: bool) -> str:
+    """The enqueue statement of schema ``s``: insert the batch (arguments: ten JSON
+    arrays, see :data:`_ENQUEUE_INPUT`, the events lock $11, the channel prefix $12 and
+    the dependency counts $13), append an ENQUEUED event per task behind the gate and
+    notify ``work`` and ``events``; one row: ``now()`` and the ids and leaders of the
+    aliases.
+
+    ``keyed``: some task has a dedupe key. Each keyed task becomes an alias of its
+    scope's active leader (share-locked while deciding), else of the first task of its
+    scope in this call, else it leads. Without keys the batch is inserted straight from
+    the arguments, without the joins that decide aliases."""
+    alias_of = "NULL"
+    source = "input AS i"
+    ctes = f"WITH input AS ({_ENQUEUE_INPUT}),"
+    if keyed:
+        alias_of = (
+            "CASE WHEN k.ord IS NULL THEN NULL ELSE coalesce(h.leader_id,"
+            " CASE WHEN k.ord = h.head_ord THEN NULL ELSE h.head_id END) END"
+        )
+        source = (
+            "input AS i LEFT JOIN keyed AS k ON k.ord = i.ord"
+            " LEFT JOIN heads AS h ON h.head_ord = k.head_ord"
+        )
+        ctes = (
+            f"WITH input AS MATERIALIZED ({_ENQUEUE_INPUT}),"
+            # The first task of each dedupe scope in this call...
+            " keyed AS MATERIALIZED ("
+            " SELECT i.ord, i.app_id, i.task_type, i.dedupe_key,"
+            " first_value(i.id) OVER w AS head_id, first_value(i.ord) OVER w AS head_ord"
+            " FROM input AS i WHERE i.dedupe_key IS NOT NULL"
+            " WINDOW w AS (PARTITION BY i.app_id, i.task_type, i.dedupe_key ORDER BY i.ord)),"
+            # ... and the scope's active leader, share-locked: a leader finishing
+            # concurrently either commits first (and is no longer found) or waits for
+            # this enqueue, and then settles the alias written here (see _settle_aliases).
+            " heads AS MATERIALIZED ("
+            " SELECT h.head_ord, h.head_id, l.id AS leader_id FROM"
+            " (SELECT DISTINCT head_ord, head_id, app_id, task_type, dedupe_key FROM keyed) AS h"
+            f" LEFT JOIN LATERAL (SELECT t.id FROM {s}.tasks AS t"
+            " WHERE coalesce(t.app_id, '') = coalesce(h.app_id, '')"
+            " AND (t.app_id IS NULL) = (h.app_id IS NULL)"
+            " AND t.task_type = h.task_type AND t.dedupe_key = h.dedupe_key"
+            f" AND t.dedupe_key IS NOT NULL AND t.alias_of IS NULL AND t.{ACTIVE}"
+            " FOR SHARE OF t) AS l ON true),"
+        )
+    return (
+        f"{ctes} ins AS (INSERT INTO {s}.tasks (id, task_type, status, created_at, run_at,"
+        " updated_at, app_id, params, priority, max_retries, dedupe_key, alias_of,"
+        " parent_id, user_id, waiting_on)"
+        " SELECT i.id, i.task_type, 'pending', now(), coalesce(i.run_at, now()), now(),"
+        f" i.app_id, i.params, i.priority, i.max_retries, i.dedupe_key, {alias_of},"
+        " i.parent_id, i.user_id, coalesce(i.waiting_on, 0)"
+        f" FROM {source} ORDER BY i.ord RETURNING seq, id, alias_of),"
+        f" {gate('ins', 11, [notify(12, 'work'), notify(12, 'events')])},"
+        f" ev AS (INSERT INTO {s}.events (task_seq, kind, status, at)"
+        " SELECT ins.seq, 'enqueued', 'pending', now() FROM gate, ins ORDER BY ins.seq)"
+        " SELECT now() AS now,"
+        " array_agg(id) FILTER (WHERE alias_of IS NOT NULL) AS alias_ids,"
+        " array_agg(alias_of) FILTER (WHERE alias_of IS NOT NULL) AS leader_ids"
+        " FROM ins"
+    )
+
+
 @attrs.frozen
 class ClaimShape:
     """The form of one claim statement (its SQL depends only on this)."""
@@ -220,49 +304,10 @@ class Statements:
         multi-statement transaction."""
 
         # -- enqueue ------------------------------------------------------------------------
-        self.enqueue = (
-            "WITH input AS MATERIALIZED ("
-            " SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[],"
-            " $5::bigint[], $6::integer[], $7::timestamptz[], $8::text[], $9::text[],"
-            " $10::text[], $13::integer[]) WITH ORDINALITY AS i(id, task_type, app_id, params,"
-            " priority, max_retries, run_at, dedupe_key, parent_id, user_id, waiting_on, ord)),"
-            # The first task of each dedupe scope in this call...
-            " keyed AS MATERIALIZED ("
-            " SELECT i.ord, i.app_id, i.task_type, i.dedupe_key,"
-            " first_value(i.id) OVER w AS head_id, first_value(i.ord) OVER w AS head_ord"
-            " FROM input AS i WHERE i.dedupe_key IS NOT NULL"
-            " WINDOW w AS (PARTITION BY i.app_id, i.task_type, i.dedupe_key ORDER BY i.ord)),"
-            # ... and the scope's active leader, share-locked: a leader finishing
-            # concurrently either commits first (and is no longer found) or waits for
-            # this enqueue, and then settles the alias written here (see _settle_aliases).
-            " heads AS MATERIALIZED ("
-            " SELECT h.head_ord, h.head_id, l.id AS leader_id FROM"
-            " (SELECT DISTINCT head_ord, head_id, app_id, task_type, dedupe_key FROM keyed) AS h"
-            f" LEFT JOIN LATERAL (SELECT t.id FROM {s}.tasks AS t"
-            " WHERE coalesce(t.app_id, '') = coalesce(h.app_id, '')"
-            " AND (t.app_id IS NULL) = (h.app_id IS NULL)"
-            " AND t.task_type = h.task_type AND t.dedupe_key = h.dedupe_key"
-            f" AND t.dedupe_key IS NOT NULL AND t.alias_of IS NULL AND t.{ACTIVE}"
-            " FOR SHARE OF t) AS l ON true),"
-            f" ins AS (INSERT INTO {s}.tasks (id, task_type, status, created_at, run_at,"
-            " updated_at, app_id, params, priority, max_retries, dedupe_key, alias_of,"
-            " parent_id, user_id, waiting_on)"
-            " SELECT i.id, i.task_type, 'pending', now(), coalesce(i.run_at, now()), now(),"
-            " i.app_id, i.params::json, i.priority, i.max_retries, i.dedupe_key,"
-            " CASE WHEN k.ord IS NULL THEN NULL ELSE coalesce(h.leader_id,"
-            " CASE WHEN k.ord = h.head_ord THEN NULL ELSE h.head_id END) END,"
-            " i.parent_id, i.user_id, coalesce(i.waiting_on, 0)"
-            " FROM input AS i LEFT JOIN keyed AS k ON k.ord = i.ord"
-            " LEFT JOIN heads AS h ON h.head_ord = k.head_ord"
-            " ORDER BY i.ord RETURNING seq, id, alias_of),"
-            f" {gate('ins', 11, [notify(12, 'work'), notify(12, 'events')])},"
-            f" ev AS (INSERT INTO {s}.events (task_seq, kind, status, at)"
-            " SELECT ins.seq, 'enqueued', 'pending', now() FROM gate, ins ORDER BY ins.seq)"
-            " SELECT now() AS now,"
-            " array_agg(id) FILTER (WHERE alias_of IS NOT NULL) AS alias_ids,"
-            " array_agg(alias_of) FILTER (WHERE alias_of IS NOT NULL) AS leader_ids"
-            " FROM ins"
-        )
+        self.enqueue = _enqueue_statement(s, keyed=True)
+        """Insert a batch of which some task has a dedupe key: see :func:`_enqueue_statement`."""
+        self.enqueue_unkeyed = _enqueue_statement(s, keyed=False)
+        """Insert a batch without dedupe keys (no alias to decide, no leader to lock)."""
 
         # -- finishing ------------------------------------------------------------------------
         finish_sets = ", ".join(f"{c} = {e}" for c, e in _FINISH_SETS.items())

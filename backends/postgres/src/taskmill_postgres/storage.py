@@ -34,7 +34,7 @@ import contextlib
 import os
 import random
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Final, Self, TypeAlias, TypeVar
 from urllib.parse import urlsplit
 
@@ -54,7 +54,7 @@ from taskmill.lifecycle import (
     check_redrive,
     dependency_blocks,
     dependency_error,
-    enqueued,
+    enqueued_batch,
     finish_rounds,
     key_taken,
     settles_aliases,
@@ -290,6 +290,7 @@ class PostgresStorage(TaskStorage):
                 timeout=self.options.connect_timeout,
                 command_timeout=self.options.command_timeout,
                 server_settings=self._server_settings(),
+                reset=_keep_session,
             )
         except (*_UNAVAILABLE, asyncpg.PostgresError) as exc:
             raise self._unavailable(exc, "connect to") from exc
@@ -481,7 +482,8 @@ class PostgresStorage(TaskStorage):
         if not tasks:
             return []
         wanted = list(dict.fromkeys(new.id for new in tasks))
-        sql = self.sql.enqueue
+        keyed = any(new.dedupe_key is not None for new in tasks)
+        sql = self.sql.enqueue if keyed else self.sql.enqueue_unkeyed
         depends = any(new.after for new in tasks)
 
         async def attempt(conn: Conn, fresh: list[NewTask]) -> tuple[Record, dict[str, Record]]:
@@ -544,49 +546,37 @@ class PostgresStorage(TaskStorage):
 
         fresh, known, row, cancelled = await self._run(insert, transaction=depends)
         if row is not None:
-            now: datetime = row[0]
             leaders = dict(zip(row[1] or (), row[2] or (), strict=True))
-            for new in fresh:
-                if new.id in cancelled:
-                    known[new.id] = rows.task(cancelled[new.id])
-                    continue
-                run_at = now if new.run_at is None else new.run_at.astimezone(UTC)
-                known[new.id] = enqueued(new, now=now, run_at=run_at, alias_of=leaders.get(new.id))
+            stored = enqueued_batch(fresh, now=row[0], alias_of=leaders)
+            known.update(zip([new.id for new in fresh], stored, strict=True))
+            for task_id, found in cancelled.items():
+                known[task_id] = rows.task(found)
         return [known[new.id] for new in tasks]
 
     def _enqueue_args(self, tasks: Sequence[NewTask], waiting: list[int]) -> tuple[object, ...]:
-        """The arguments of the enqueue statement for ``tasks``: ten arrays, the events
-        lock and the channel prefix, then each task's count of unfinished dependencies
-        (``waiting``)."""
-        ids: list[str] = []
-        types: list[str] = []
-        apps: list[str | None] = []
-        params: list[str] = []
-        priorities: list[int] = []
-        retries: list[int] = []
-        run_ats: list[datetime | None] = []
-        keys: list[str | None] = []
-        parents: list[str | None] = []
-        users: list[str | None] = []
-        for new in tasks:
-            ids.append(new.id)
-            types.append(new.task_type)
-            apps.append(new.app_id)
-            params.append(new.params_json)
-            priorities.append(int(new.priority))
-            retries.append(new.max_retries)
-            run_ats.append(new.run_at)
-            keys.append(new.dedupe_key)
-            parents.append(new.parent_id)
-            users.append(new.user_id)
-        n = len(ids)
-        # An array of nothing but NULLs (zeros for waiting) is sent as NULL: unnest pads
-        # it with NULLs (the statement reads NULL waiting as 0), and asyncpg does not
-        # check a thousand NULLs for being nested arrays.
+        """The arguments of the enqueue statement for ``tasks``: ten JSON arrays (one per
+        column, the fourth of the params objects), the events lock and the channel
+        prefix, then each task's count of unfinished dependencies (``waiting``)."""
+        n = len(tasks)
+        apps = [new.app_id for new in tasks]
+        run_ats = [new.run_at for new in tasks]
+        keys = [new.dedupe_key for new in tasks]
+        parents = [new.parent_id for new in tasks]
+        users = [new.user_id for new in tasks]
+        # A column of nothing but NULLs (zeros for waiting) is sent as NULL: the
+        # statement reads the missing elements as NULL (NULL waiting as 0).
         return (
-            ids, types, _or_null(apps, n), params, priorities, retries, _or_null(run_ats, n),
-            _or_null(keys, n), _or_null(parents, n), _or_null(users, n),
-            self._events_lock, self.channel, None if waiting.count(0) == n else waiting,
+            dumps([new.id for new in tasks]),
+            dumps([new.task_type for new in tasks]),
+            _json_or_null(apps, n),
+            "[" + ",".join([new.params_json for new in tasks]) + "]",
+            dumps([int(new.priority) for new in tasks]),
+            dumps([new.max_retries for new in tasks]),
+            None if run_ats.count(None) == n else dumps(
+                [None if at is None else at.isoformat() for at in run_ats]
+            ),
+            _json_or_null(keys, n), _json_or_null(parents, n), _json_or_null(users, n),
+            self._events_lock, self.channel, None if waiting.count(0) == n else dumps(waiting),
         )  # fmt: skip
 
     async def _dependencies(
@@ -1202,9 +1192,25 @@ class PostgresStorage(TaskStorage):
         return from_rows(await self._run(read))
 
 
+async def _keep_session(conn: asyncpg.Connection[Record]) -> None:
+    """The pool's reset of a released connection: nothing beyond what asyncpg always
+    does (roll back an open transaction, drop listeners).
+
+    asyncpg's default reset is one more round trip per release (``pg_advisory_unlock_all``,
+    ``CLOSE ALL``, ``UNLISTEN *``, ``RESET ALL``), as long as a short statement. No
+    operation leaves session state on a pooled connection: locks are
+    ``pg_advisory_xact_lock``, settings ``SET LOCAL``, no cursors, and LISTEN runs on
+    the listener's own connection."""
+
+
 def _or_null(values: list[Any], n: int) -> list[Any] | None:
     """``values`` (``n`` of them), or None when every one is None."""
     return None if values.count(None) == n else values
+
+
+def _json_or_null(values: list[str | None], n: int) -> str | None:
+    """``values`` (``n`` of them) as a JSON array, or None when every one is None."""
+    return None if values.count(None) == n else dumps(values)
 
 
 def _lease_arrays(leases: Sequence[Lease]) -> tuple[list[str], list[str], list[int]]:
