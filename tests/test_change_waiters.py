@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from taskmill.storage import ChangeWaiters, StoreChange
 from taskmill.testing import wait_until
 
@@ -47,3 +48,22 @@ async def test_close_releases_every_waiter_and_later_waits_return_at_once():
     waiters.close()
     assert await asyncio.gather(*waiting) == [False] * len(waiting)
     assert await waiters.wait(WORK, 30) is False
+
+
+async def test_a_wait_whose_prepare_fails_because_of_the_close_is_false():
+    waiters = ChangeWaiters()
+
+    async def prepare() -> None:
+        waiters.close()
+        raise ConnectionError("the listener's connection closed under the subscription")
+
+    assert await waiters.wait(WORK, 5, prepare) is False
+
+    other = ChangeWaiters()
+
+    async def fails() -> None:
+        raise ConnectionError("not closed: the error is the caller's")
+
+    with pytest.raises(ConnectionError):
+        await other.wait(WORK, 5, fails)
+    assert other.waiting(StoreChange.WORK) == 0

@@ -701,7 +701,9 @@ async def test_storage_operations_notify_their_kinds_on_commit(
     assert await notified(StoreChange.CONTROL, other.cancel(task_ids=[again.id]))
     assert await notified(StoreChange.CONTROL, other.suspend(SuspensionScope("job")))
     assert await notified(StoreChange.WORK, other.resume(SuspensionScope("job")))
-    # Nothing changes, nothing is notified:
+    # Nothing changes, nothing is notified (once the notifications of the changes above
+    # have all arrived: under load one may come late, inside the window below):
+    await delivered(other, listener)
     assert not await notified(StoreChange.EVENTS, other.claim_batch(claim_request("none")), 0.5)
 
 

@@ -164,7 +164,12 @@ class ChangeWaiters:
         self._waiters: dict[StoreChange, set[asyncio.Future[None]]] = {
             kind: set() for kind in StoreChange
         }
-        self.closed = False
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
 
     async def wait(
         self,
@@ -184,7 +189,12 @@ class ChangeWaiters:
             self._waiters[kind].add(woken)
         try:
             if prepare is not None:
-                await prepare()
+                try:
+                    await prepare()
+                except Exception:
+                    if self.closed:  # closed while subscribing: its connection went away
+                        return False
+                    raise
             await asyncio.wait([woken], timeout=max(0.0, timeout))
         finally:
             for kind in kinds:
@@ -204,7 +214,7 @@ class ChangeWaiters:
 
     def close(self) -> None:
         """Wake every waiter; from now on :meth:`wait` returns False at once."""
-        self.closed = True
+        self._closed = True
         self.wake(StoreChange)
 
 
