@@ -192,7 +192,7 @@ class ChangeWaiters:
                 try:
                     await prepare()
                 except Exception:
-                    if self.closed:  # closed while subscribing: its connection went away
+                    if self._closed_meanwhile():  # its connection went away with it
                         return False
                     raise
             await asyncio.wait([woken], timeout=max(0.0, timeout))
@@ -200,6 +200,11 @@ class ChangeWaiters:
             for kind in kinds:
                 self._waiters[kind].discard(woken)
         return woken.done() and not woken.cancelled() and not self.closed
+
+    def _closed_meanwhile(self) -> bool:
+        # A call, so that the type checker does not carry the check made at the start
+        # of wait() across its awaits.
+        return self._closed
 
     def waiting(self, kind: StoreChange) -> int:
         """How many waits for ``kind`` are registered now."""
