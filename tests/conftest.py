@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import threading
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Iterator
@@ -49,6 +50,16 @@ def required_backends() -> set[str]:
     """Backends whose tests must fail, not skip, when their server is unreachable."""
     value = os.environ.get("TASKMILL_REQUIRE_BACKENDS", "")
     return {name.strip() for name in value.split(",") if name.strip()}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A run started in the background by a non-interactive shell (``cmd &``, as CI
+    runners and ``nohup`` do) inherits SIGINT ignored, and so would every process the
+    tests start: their workers then rightly leave SIGINT alone (an ignored signal is
+    the parent's choice, see ``taskmill.worker``), and the tests of what SIGINT does
+    would fail. The test processes get SIGINT's default back instead."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def skip_or_fail(backend: str, reason: str) -> None:
