@@ -714,3 +714,19 @@ async def test_a_detached_attempt_no_longer_counts_against_its_handlers_cap(tm: 
         assert worker.held == 0
     running = [await tm.get(t.id) for t in tasks]
     assert all(t is not None and t.status is TaskStatus.RUNNING for t in running)
+
+
+async def test_a_retry_delay_that_is_not_a_finite_number_fails_the_attempt_clearly(tm: Taskmill):
+    @tm.handler("never-due", max_retries=1)
+    async def never(ctx: Context, params: dict) -> None:
+        raise Retry(delay=float(params["delay"]))
+
+    infinite = await tm.enqueue("never-due", {"delay": "inf"})
+    negative = await tm.enqueue("never-due", {"delay": -1})
+    await drain(tm)
+    for task in (infinite, negative):
+        done = await tm.get(task.id)
+        assert done is not None and done.status is TaskStatus.FAILED
+        assert done.attempts == 2
+        assert done.error is not None
+        assert "Retry(delay=...) takes a finite number of seconds >= 0" in done.error

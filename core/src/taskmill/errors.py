@@ -7,6 +7,7 @@ what went wrong and what to do about it.
 from __future__ import annotations
 
 import logging
+import math
 import sys
 
 
@@ -125,9 +126,19 @@ class Retry(TaskmillError):
 
     ``delay`` (seconds) overrides the exponential backoff for this retry. The retry
     still counts as an attempt: a task never runs more than ``max_retries + 1`` times.
+
+    :raises ValueError: ``delay`` is not a finite number of seconds >= 0 (raised where
+        the handler builds the ``Retry``, so the attempt fails with that message and
+        is retried with the backoff; an infinite delay would be a task due never).
     """
 
     def __init__(self, delay: float | None = None, message: str | None = None) -> None:
+        if delay is not None and not (
+            isinstance(delay, int | float) and math.isfinite(delay) and delay >= 0
+        ):
+            raise ValueError(
+                f"Retry(delay=...) takes a finite number of seconds >= 0, got {delay!r}"
+            )
         self.delay = delay
         super().__init__(message or "handler asked for a retry")
 
