@@ -81,17 +81,17 @@ from taskmill_mysql import statements as sql
 from taskmill_mysql.connection import Session
 from taskmill_mysql.limits import apply_limits, spend_tokens
 from taskmill_mysql.rows import (
-    ATTEMPTS,
     CANCEL_REASON,
     ERROR,
     EVENT_COLUMNS,
     ID,
+    NARROW_FENCE,
     PRIORITY,
     RESULT,
     SEQ,
+    SNAPSHOT_FENCE,
     STATUS_COL,
     TASK_COLUMNS,
-    WORKER_ID,
     Row,
     as_datetime,
     as_stored,
@@ -473,17 +473,34 @@ def _finished(before: Task, one: Finish, kind: FinishKind, at: datetime) -> Task
 
 
 async def finish(s: Session, finishes: Sequence[Finish]) -> list[Task | None]:
+    applied = await _finish(s, finishes, snapshots=True)
+    return [applied.get(index) for index in range(len(finishes))]
+
+
+async def finish_applied(s: Session, finishes: Sequence[Finish]) -> list[bool]:
+    applied = await _finish(s, finishes, snapshots=False)
+    return [index in applied for index in range(len(finishes))]
+
+
+async def _finish(
+    s: Session, finishes: Sequence[Finish], *, snapshots: bool
+) -> dict[int, Task | None]:
+    """Apply ``finishes``; by the index of each one applied, the finished snapshot
+    (None without ``snapshots``: the locking read then takes only the fence and the
+    alias columns, and no snapshot is built)."""
     at: datetime | None = None
-    results: list[Task | None] = [None] * len(finishes)
+    results: dict[int, Task | None] = {}
     log: list[Row] = []
     events: list[Event] = []
     ended: list[tuple[str, str]] = []
+    lock = sql.LOCK_FINISHING if snapshots else sql.LOCK_FINISHING_FENCE
+    fence = SNAPSHOT_FENCE if snapshots else NARROW_FENCE
+    i_seq, i_id, i_worker, i_attempts = fence.seq, fence.id, fence.worker_id, fence.attempts
     for indexes in finish_rounds(finishes):
         locked: dict[str, Row] = {}
         for chunk in _chunks(list(dict.fromkeys(finishes[i].lease.task_id for i in indexes))):
-            text = sql.LOCK_FINISHING.format(sql.marks(len(chunk)))
-            for row in await s.fetchall(text, chunk):
-                locked[row[ID]] = row
+            for row in await s.fetchall(lock.format(sql.marks(len(chunk))), chunk):
+                locked[row[i_id]] = row
                 if at is None:
                     at = row[-1]  # the store clock, read with the locks
         if at is None:
@@ -493,33 +510,35 @@ async def finish(s: Session, finishes: Sequence[Finish]) -> list[Task | None]:
         for index in indexes:
             one = finishes[index]
             held = locked.get(one.lease.task_id)
-            if held is None or held[WORKER_ID] != one.lease.worker_id:
+            if held is None or held[i_worker] != one.lease.worker_id:
                 continue
-            if held[ATTEMPTS] != one.lease.attempt:
+            if held[i_attempts] != one.lease.attempt:
                 continue
-            kind = finish_kind(one.kind, stop_requested=held[CANCEL_REASON] is not None)
-            by_kind.setdefault(kind, []).append(_finish_values(one, held[SEQ], at))
+            stop_requested = held[fence.cancel_reason] is not None
+            kind = finish_kind(one.kind, stop_requested=stop_requested)
+            by_kind.setdefault(kind, []).append(_finish_values(one, held[i_seq], at))
             applied[index] = (held, kind)
         for kind, values in by_kind.items():
             await _apply_finishes(s, at, kind, values)
         for index, (row, kind) in applied.items():
             one = finishes[index]
-            after = _finished(task(row), one, kind, at)
-            seq = row[SEQ]
-            status = after.status.value
+            after = _finished(task(row), one, kind, at) if snapshots else None
+            seq = row[i_seq]
+            task_id = one.lease.task_id
+            status = FINISHES[kind].status
             kind_event, outcome = _APPLIED[kind]
             outcome = outcome or one.outcome.value
-            events.append((seq, after.id, kind_event, status, at))
-            if status in _TERMINAL:
-                ended.append((after.id, status))
-            if settles_aliases(after.status, after.dedupe_key, after.alias_of):
+            events.append((seq, task_id, kind_event, status.value, at))
+            if status.terminal:
+                ended.append((task_id, status.value))
+            if settles_aliases(status, row[fence.dedupe_key], row[fence.alias_of]):
                 (stored,) = await _by_seq(s, [seq])  # the leader as stored, for its aliases
                 for alias in await _settle_aliases(s, stored, at, events):
                     ended.append((alias[ID], alias[STATUS_COL]))
             lease = one.lease
             log.append(
                 (
-                    seq, lease.task_id, lease.attempt, lease.worker_id,
+                    seq, task_id, lease.attempt, lease.worker_id,
                     as_stored(one.started_at), as_stored(one.finished_at), outcome,
                     None if outcome == _COMPLETED else one.error,
                 )

@@ -12,6 +12,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, Final
 
+import attrs
 from taskmill.cursors import position_token
 from taskmill.model import Task, TaskEvent
 from taskmill.sql.rows import (
@@ -28,11 +29,15 @@ __all__ = [
     "ALIAS_OF",
     "CANCEL_REASON",
     "EVENT_COLUMNS",
+    "FENCE_COLUMN_NAMES",
     "ID",
+    "NARROW_FENCE",
     "SEQ",
+    "SNAPSHOT_FENCE",
     "STATUS",
     "STATUS_COL",
     "TASK_COLUMNS",
+    "Fence",
     "Row",
     "as_datetime",
     "as_stored",
@@ -88,6 +93,38 @@ def claimed_row(row: Row, worker_id: str, at: datetime, lease: datetime) -> Row:
     new[STARTED_AT] = new[UPDATED_AT] = at
     new[LEASE] = lease
     return tuple(new)
+
+
+FENCE_COLUMN_NAMES: Final = (
+    "seq", "id", "worker_id", "attempts", "cancel_reason", "dedupe_key", "alias_of",
+)  # fmt: skip
+"""The columns a finish reads of a locked row when it builds no snapshot: its fence
+(worker id, attempt), whether a stop was requested, and whether it leads aliases."""
+
+
+@attrs.frozen
+class Fence:
+    """Where a locked row holds each of :data:`FENCE_COLUMN_NAMES`."""
+
+    seq: int
+    id: int
+    worker_id: int
+    attempts: int
+    cancel_reason: int
+    dedupe_key: int
+    alias_of: int
+
+    @classmethod
+    def of(cls, columns: tuple[str, ...]) -> Fence:
+        """The positions in a row selected as ``columns``."""
+        at = column_index(columns)
+        return cls(*(at[name] for name in FENCE_COLUMN_NAMES))
+
+
+SNAPSHOT_FENCE: Final = Fence.of(TASK_COLUMN_NAMES)
+"""In a row selected as :data:`TASK_COLUMNS`."""
+NARROW_FENCE: Final = Fence.of(FENCE_COLUMN_NAMES)
+"""In a row selected as :data:`FENCE_COLUMN_NAMES`."""
 
 
 EVENT_COLUMNS: Final = 4

@@ -33,7 +33,7 @@ from taskmill.sql.lifecycle import Sources, literal, set_clause
 from taskmill.sql.rows import ATTEMPT_COLUMN_NAMES, TASK_COLUMN_NAMES
 from taskmill.storage import FinishKind
 
-from taskmill_mysql.rows import TASK_COLUMNS, as_stored
+from taskmill_mysql.rows import FENCE_COLUMN_NAMES, TASK_COLUMNS, as_stored
 
 __all__ = ["DIALECT", "filter_sql", "marks"]
 
@@ -136,6 +136,12 @@ LOCK_FINISHING: Final = (
 (formatted with their placeholders), locked, each followed by the store clock, so that
 a finish reads the clock without a round trip of its own (a finish that locks nothing
 writes nothing, and needs no clock)."""
+LOCK_FINISHING_FENCE: Final = (
+    f"SELECT {', '.join(FENCE_COLUMN_NAMES)}, NOW(6) FROM tasks WHERE id IN ({{}}) "
+    "AND status = 'running' FOR UPDATE"
+)
+""":data:`LOCK_FINISHING` for a finish that builds no snapshots: only the columns it
+reads itself (:data:`~taskmill_mysql.rows.FENCE_COLUMN_NAMES`), then the store clock."""
 FINISH_COLUMNS: Final = (
     "seq", "later", "result", "error", "reason", "data", "has_progress", "done", "total",
     "message",
