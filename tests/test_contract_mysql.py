@@ -15,13 +15,24 @@ import pytest
 from taskmill.cursors import position_token, token_position
 from taskmill.discovery import storage_for_url
 from taskmill.errors import InvalidURL, SchemaVersionError, StorageUnavailable
-from taskmill.storage import TaskStorage
-from taskmill.testing import Place, SchemaMigrations, StorageContract, new_task, wait_until
+from taskmill.model import Progress
+from taskmill.sql.rows import TASK_COLUMN_NAMES
+from taskmill.storage import ClaimRequest, FinishKind, TaskStorage
+from taskmill.testing import (
+    Place,
+    SchemaMigrations,
+    StorageContract,
+    finish,
+    new_task,
+    wait_until,
+)
 from taskmill_mysql import MySQLStorage, latest_version
 from taskmill_mysql import schema as my_schema
 from taskmill_mysql.connection import Session
-from taskmill_mysql.operations import append_events
+from taskmill_mysql.operations import _snapshots, append_events
 from taskmill_mysql.options import parse_url, redact
+from taskmill_mysql.rows import TASK_COLUMNS
+from taskmill_mysql.rows import task as row_task
 
 from tests.conftest import MYSQL_URL, drop_database, mysql_url_for, new_schema_name
 
@@ -237,6 +248,67 @@ async def test_migrate_is_idempotent_and_keeps_tasks(mysql_url: str):
         (task,) = await store.enqueue([new_task()])
         assert await store.migrate() == latest_version()
         assert await store.get(task.id) == task
+    finally:
+        await store.close()
+
+
+# -- snapshots read as one JSON column ------------------------------------------------------
+
+_AWKWARD = "quote\" back\\ tab\t nl\n nul\x00 é 😀 \u2028 '; DROP"
+
+
+async def test_a_snapshot_read_as_json_equals_the_one_read_column_by_column(mysql_url: str):
+    store = MySQLStorage.from_url(mysql_url)
+    await store.open()
+    try:
+        new = new_task(
+            params={"s": _AWKWARD, "f": 0.1 + 0.2, "big": 2**62, "none": None},
+            app_id=f"app {_AWKWARD}",
+            priority=-(2**40),
+            max_retries=7,
+            dedupe_key=_AWKWARD,
+            user_id=_AWKWARD,
+        )
+        await store.enqueue([new])
+        request = ClaimRequest(
+            worker_id=_AWKWARD, handlers={(new.app_id, "job"): None}, limit=5, lease_seconds=30
+        )
+        (first,) = await store.claim_batch(request)
+        assert first == await store.get(new.id)
+        (retried,) = await store.finish_batch(
+            [finish(first, FinishKind.RETRY, error=_AWKWARD, data={"d": _AWKWARD})]
+        )
+        assert retried == await store.get(new.id)
+        (again,) = await store.claim_batch(request)  # now with an error, data and attempts
+        assert again == await store.get(new.id)
+        assert (again.error, again.data, again.attempts) == (_AWKWARD, {"d": _AWKWARD}, 2)
+        (done,) = await store.finish_batch(
+            [finish(again, result=[_AWKWARD, 1.5], progress=Progress(1 / 3, 7.25, _AWKWARD))]
+        )
+        assert done == await store.get(new.id)
+        assert done is not None and done.progress == Progress(1 / 3, 7.25, _AWKWARD)
+    finally:
+        await store.close()
+
+
+async def test_a_row_the_server_gives_no_json_for_is_read_by_its_seq(mysql_url: str):
+    # The server returns NULL for a JSON value longer than max_allowed_packet.
+    store = MySQLStorage.from_url(mysql_url)
+    await store.open()
+    try:
+        (stored,) = await store.enqueue([new_task(params={"s": _AWKWARD})])
+        text = (
+            f"SELECT IF(id = %s, NULL, JSON_ARRAY({TASK_COLUMNS})), seq, 7 FROM tasks "
+            "WHERE id IN (%s, %s) ORDER BY seq"
+        )
+        (other,) = await store.enqueue([new_task()])
+
+        async def read(s: Session) -> list[tuple[Any, ...]]:
+            return await _snapshots(s, text, [stored.id, stored.id, other.id])
+
+        rows = await store._db.run(read, transaction=False)
+        assert [row_task(r) for r in rows] == [stored, other]
+        assert [r[len(TASK_COLUMN_NAMES) :] for r in rows] == [(7,), (7,)]
     finally:
         await store.close()
 

@@ -98,6 +98,7 @@ from taskmill_mysql.rows import (
     attempt,
     claimed_row,
     event,
+    from_json,
     task,
 )
 
@@ -157,6 +158,25 @@ async def _by_seq(s: Session, seqs: Sequence[int]) -> list[Row]:
     rows: list[Row] = []
     for chunk in _chunks(seqs):
         rows += await s.fetchall(sql.select_by_seq(len(chunk)), chunk)
+    return rows
+
+
+async def _snapshots(s: Session, text: str, args: Sequence[Any]) -> list[Row]:
+    """The rows of a query selecting :data:`~taskmill_mysql.rows.TASK_JSON` and maybe
+    more columns, each as :data:`TASK_COLUMNS` followed by those more columns, in the
+    query's order (a row the server gave no JSON for is read again by its seq)."""
+    rows: list[Row] = []
+    missing: dict[int, int] = {}
+    for found in await s.fetchall(text, args):
+        row = from_json(found)
+        if row is None:
+            missing[found[1]] = len(rows)
+            row = found
+        rows.append(row)
+    if missing:
+        for full in await _by_seq(s, list(missing)):
+            at = missing[full[SEQ]]
+            rows[at] = (*full, *rows[at][2:])
     return rows
 
 
@@ -359,7 +379,7 @@ async def claim(s: Session, request: ClaimRequest) -> list[Task]:
     picked: list[Row] = []
     for text, args in _claim_branches(request, suspended):
         args[args.index(None, 1)] = at
-        picked += await s.fetchall(text, args)
+        picked += await _snapshots(s, text, args)
     if not picked:
         return []
     # Claim order (priority DESC, then creation) across the keys; what a key locked
@@ -499,7 +519,9 @@ async def _finish(
     for indexes in finish_rounds(finishes):
         locked: dict[str, Row] = {}
         for chunk in _chunks(list(dict.fromkeys(finishes[i].lease.task_id for i in indexes))):
-            for row in await s.fetchall(lock.format(sql.marks(len(chunk))), chunk):
+            text = lock.format(sql.marks(len(chunk)))
+            found = await (_snapshots(s, text, chunk) if snapshots else s.fetchall(text, chunk))
+            for row in found:
                 locked[row[i_id]] = row
                 if at is None:
                     at = row[-1]  # the store clock, read with the locks

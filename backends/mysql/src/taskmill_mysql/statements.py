@@ -33,7 +33,7 @@ from taskmill.sql.lifecycle import Sources, literal, set_clause
 from taskmill.sql.rows import ATTEMPT_COLUMN_NAMES, TASK_COLUMN_NAMES
 from taskmill.storage import FinishKind
 
-from taskmill_mysql.rows import FENCE_COLUMN_NAMES, TASK_COLUMNS, as_stored
+from taskmill_mysql.rows import FENCE_COLUMN_NAMES, TASK_COLUMNS, TASK_JSON, as_stored
 
 __all__ = ["DIALECT", "filter_sql", "marks"]
 
@@ -130,10 +130,11 @@ LOCK_RUNNING: Final = (
 )
 """Lock the RUNNING rows among some ids (formatted with their placeholders)."""
 LOCK_FINISHING: Final = (
-    f"SELECT {TASK_COLUMNS}, NOW(6) FROM tasks WHERE id IN ({{}}) AND status = 'running' FOR UPDATE"
+    f"SELECT {TASK_JSON}, NOW(6) FROM tasks WHERE id IN ({{}}) AND status = 'running' FOR UPDATE"
 )
 """A finish's first statement: the snapshots of the RUNNING rows among some ids
-(formatted with their placeholders), locked, each followed by the store clock, so that
+(formatted with their placeholders; as :data:`~taskmill_mysql.rows.TASK_JSON`),
+locked, each followed by the store clock, so that
 a finish reads the clock without a round trip of its own (a finish that locks nothing
 writes nothing, and needs no clock)."""
 LOCK_FINISHING_FENCE: Final = (
@@ -246,7 +247,8 @@ writes is applied to the rows in Python by :func:`taskmill_mysql.rows.claimed_ro
 
 def claim_select(app_key: bool, excluded: int, min_priority: bool) -> str:
     """Pick (and lock, skipping rows other claims hold) one handler key's best due tasks
-    through ``tasks_claim``, their whole snapshots (the claim's ``UPDATE`` is then
+    through ``tasks_claim``, their whole snapshots (as
+    :data:`~taskmill_mysql.rows.TASK_JSON`; the claim's ``UPDATE`` is then
     applied to them in Python, :func:`taskmill_mysql.rows.claimed_row`, instead of
     being read back): parameters task type, [app id | excluded apps], now, [min
     priority], limit."""
@@ -258,7 +260,7 @@ def claim_select(app_key: bool, excluded: int, min_priority: bool) -> str:
         app = ""
     prio = " AND priority >= %s" if min_priority else ""
     return (
-        f"SELECT {TASK_COLUMNS} FROM tasks FORCE INDEX (tasks_claim) WHERE claim_type = %s{app} "
+        f"SELECT {TASK_JSON} FROM tasks FORCE INDEX (tasks_claim) WHERE claim_type = %s{app} "
         f"AND run_at <= %s{prio} ORDER BY claim_rank, seq LIMIT %s FOR UPDATE SKIP LOCKED"
     )
 
