@@ -5,6 +5,7 @@ version mismatch), migrations under GET_LOCK, and the event cursor's commit orde
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 from taskmill.cursors import position_token, token_position
 from taskmill.discovery import storage_for_url
 from taskmill.errors import InvalidURL, SchemaVersionError, StorageUnavailable
-from taskmill.model import Progress
+from taskmill.model import EventKind, Progress
 from taskmill.sql.rows import TASK_COLUMN_NAMES
 from taskmill.storage import ClaimRequest, FinishKind, TaskStorage
 from taskmill.testing import (
@@ -28,6 +29,7 @@ from taskmill.testing import (
 )
 from taskmill_mysql import MySQLStorage, latest_version
 from taskmill_mysql import schema as my_schema
+from taskmill_mysql import statements as my_sql
 from taskmill_mysql.connection import Session
 from taskmill_mysql.operations import _snapshots, append_events
 from taskmill_mysql.options import parse_url, redact
@@ -309,6 +311,55 @@ async def test_a_row_the_server_gives_no_json_for_is_read_by_its_seq(mysql_url: 
         rows = await store._db.run(read, transaction=False)
         assert [row_task(r) for r in rows] == [stored, other]
         assert [r[len(TASK_COLUMN_NAMES) :] for r in rows] == [(7,), (7,)]
+    finally:
+        await store.close()
+
+
+# -- the seqs of a bulk enqueue ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["step 1", "step 3", "seqs not as reserved"])
+async def test_a_bulk_enqueue_numbers_its_tasks_and_events_as_stored(
+    mysql_url: str, case: str, monkeypatch: pytest.MonkeyPatch
+):
+    """A multi-row INSERT's seqs are computed from its first one and the server's step
+    (InnoDB reserves them at once, in row order), checked against the last row's; when
+    the check fails they are read by id. Either way, every ENQUEUED event names its
+    task's seq, in the order given."""
+    if case == "seqs not as reserved":
+        monkeypatch.setattr(
+            my_sql,
+            "INSERTED_SEQS",
+            "SELECT LAST_INSERT_ID(), @@auto_increment_increment, -1 FROM tasks WHERE id = %s",
+        )
+    store = MySQLStorage.from_url(mysql_url, pool_max_size=1)
+    await store.open()
+    try:
+        if case == "step 3":
+            await store._db.run(
+                lambda s: s.execute("SET SESSION auto_increment_increment = 3"),
+                transaction=False,
+            )
+        await store.enqueue([new_task()])
+        _, start = await store.read_events(None)
+        news = [new_task(params={"i": i}) for i in range(700)]  # two INSERTs of 500 and 200
+        stored = await store.enqueue(news)
+        assert [t.id for t in stored] == [n.id for n in news]
+        events, _ = await store.read_events(start, limit=1000)
+        assert [e.task for e in events] == stored
+        assert {e.kind for e in events} == {EventKind.ENQUEUED}
+        db = store.database
+        pairs = await fetch(
+            f"SELECT e.task_seq, t.seq, t.id FROM `{db}`.events AS e JOIN `{db}`.tasks AS t"
+            " ON t.id = e.task_id WHERE e.seq > %s ORDER BY e.seq",
+            token_position(start),
+        )
+        assert [(a, i) for a, _, i in pairs] == [(b, i) for _, b, i in pairs]
+        assert [i for _, _, i in pairs] == [n.id for n in news]
+        seqs = [b for _, b, _ in pairs]
+        assert seqs == sorted(seqs)
+        if case == "step 3":
+            assert {b - a for a, b in itertools.pairwise(seqs)} == {3}
     finally:
         await store.close()
 

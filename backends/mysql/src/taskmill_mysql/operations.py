@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final
 
+import attrs
 from taskmill.cursors import position_token, token_position
 from taskmill.errors import TaskNotFound
 from taskmill.lifecycle import (
@@ -135,23 +136,62 @@ async def now(s: Session) -> datetime:
     return value
 
 
-async def append_events(s: Session, events: list[Event]) -> None:
-    """Append ``events`` in order, drawing their seqs from the locked ``event_cursor``
-    row: the last statements of a transaction (both deferred, so they go to the server
-    with the ``COMMIT``), so that the row lock is held only from here to the commit
-    and seqs follow commit order. The draw leaves the last seq in ``LAST_INSERT_ID()``,
-    from which the ``INSERT`` numbers the events on the server."""
-    if not events:
+@attrs.frozen
+class Inserted:
+    """The seqs of the tasks one multi-row ``INSERT`` stored: ``first``, ``first +
+    step``, ... (``count`` of them), in the order of its rows."""
+
+    first: int
+    step: int
+    count: int
+
+    @property
+    def last(self) -> int:
+        return self.first + self.step * (self.count - 1)
+
+
+_QUOTED: Final = {
+    value: f"'{value}'" for value in [*(k.value for k in EventKind), *(t.value for t in TaskStatus)]
+}
+"""Event kinds and statuses as SQL literals (plain words: nothing to escape)."""
+
+
+async def append_events(
+    s: Session,
+    events: list[Event],
+    *,
+    enqueued: Sequence[Inserted] = (),
+    at: datetime | None = None,
+) -> None:
+    """Append the ENQUEUED events of the tasks ``enqueued`` (written at ``at``), then
+    ``events``, in order, drawing their seqs from the locked ``event_cursor`` row: the
+    last statements of a transaction (deferred, so they go to the server with the
+    ``COMMIT``), so that the row lock is held only from here to the commit and seqs
+    follow commit order. The draw leaves the last seq in ``LAST_INSERT_ID()``, from
+    which the ``INSERT`` numbers the events on the server; the events of ``enqueued``
+    are copied from their task rows there (nothing rendered per task)."""
+    count = len(events) + sum(inserted.count for inserted in enqueued)
+    if not count:
         return
-    s.defer(sql.EVENT_CURSOR_DRAW, (len(events),))
-    back = len(events)
+    s.defer(sql.EVENT_CURSOR_DRAW, (count,))
+    back = count
+    for inserted in enqueued:
+        back -= inserted.count
+        s.defer(
+            sql.INSERT_ENQUEUED_EVENTS,
+            (back + inserted.count - 1, inserted.first, inserted.step, at, inserted.first,
+             inserted.last),
+        )  # fmt: skip
+    literal = s.literal
     for start in range(0, len(events), sql.CHUNK):
-        chunk = events[start : start + sql.CHUNK]
-        rows: list[tuple[Any, ...]] = []
-        for event_ in chunk:
+        rows: list[str] = []
+        for seq, task_id, kind, status, when in events[start : start + sql.CHUNK]:
             back -= 1
-            rows.append((back, *event_))
-        s.defer_rows(sql.INSERT_EVENTS, sql.EVENT_ROW, rows)
+            rows.append(
+                f"(LAST_INSERT_ID() - {back:d}, {seq:d}, {literal(task_id)}, "
+                f"{_QUOTED[kind]}, {_QUOTED[status]}, {literal(when)})"
+            )
+        s.defer(sql.INSERT_EVENTS + ", ".join(rows))
 
 
 async def _by_seq(s: Session, seqs: Sequence[int]) -> list[Row]:
@@ -307,12 +347,25 @@ async def enqueue(s: Session, tasks: Sequence[NewTask]) -> list[Task]:
         )  # fmt: skip
         stored.append(enqueued(new, now=at_dt, run_at=as_datetime(run_at), alias_of=alias_of))
     seq_of: dict[str, int] = {}
+    ranges: list[Inserted] | None = []
     for chunk in _chunks(values):
         args = [v for row in chunk for v in row]
         s.defer(sql.INSERT_PREFIX + ", ".join([sql.INSERT_ROW] * len(chunk)), args)
         ids = [row[0] for row in chunk]
-        seq_of.update(await s.fetchall(sql.select_seqs_by_id(len(ids)), ids))
-    events: list[Event] = [(seq_of[t.id], t.id, _ENQUEUED, "pending", at) for t in stored]
+        found = await s.fetchone(sql.INSERTED_SEQS, (ids[-1],))
+        assert found is not None
+        inserted = Inserted(int(found[0]), int(found[1]), len(ids))
+        if found[2] == inserted.last:
+            seqs = range(inserted.first, inserted.last + 1, inserted.step)
+            seq_of.update(zip(ids, seqs, strict=True))
+            if ranges is not None:
+                ranges.append(inserted)
+        else:  # not the seqs an InnoDB simple insert reserves: read them
+            seq_of.update(await s.fetchall(sql.select_seqs_by_id(len(ids)), ids))
+            ranges = None
+    events: list[Event] = []
+    if ranges is None:  # the events rendered one by one, in order
+        events += [(seq_of[t.id], t.id, _ENQUEUED, "pending", at) for t in stored]
     if edges:
         await s.executemany(sql.INSERT_DEPENDENCY, edges)
     for index, (dependency, status) in blocked.items():
@@ -322,7 +375,7 @@ async def enqueue(s: Session, tasks: Sequence[NewTask]) -> list[Task]:
         (row,) = await _by_seq(s, [seq])
         events.append((seq, row[ID], _CANCELLED_EVENT, "cancelled", at))
         stored[index] = task(row)
-    await append_events(s, events)
+    await append_events(s, events, enqueued=ranges or (), at=at)
     known.update((t.id, t) for t in stored)
     return [known[new.id] for new in tasks]
 

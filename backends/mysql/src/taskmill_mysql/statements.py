@@ -99,6 +99,16 @@ def select_tasks_by_id(n: int) -> str:
     return f"SELECT {TASK_COLUMNS} FROM tasks WHERE id IN ({marks(n)})"
 
 
+INSERTED_SEQS: Final = (
+    "SELECT LAST_INSERT_ID(), @@auto_increment_increment, (SELECT seq FROM tasks WHERE id = %s)"
+)
+"""Right after a multi-row ``INSERT INTO tasks``: the seq of its first row, the step
+between seqs, and the seq of its last row (by that row's id). InnoDB reserves the
+values of such a "simple insert" (its row count is known) at once and gives them in
+row order, so its seqs are first, first + step, ... last; should the last one say
+otherwise, the seqs are read by id (:func:`select_seqs_by_id`)."""
+
+
 def select_seqs_by_id(n: int) -> str:
     return f"SELECT id, seq FROM tasks WHERE id IN ({marks(n)})"
 
@@ -278,7 +288,15 @@ EVENT_CURSOR_DRAW: Final = "UPDATE event_cursor SET value = LAST_INSERT_ID(value
 the last seq drawn is left in the session's ``LAST_INSERT_ID()`` for the events'
 ``INSERT`` (:data:`EVENT_ROW`) that follows it."""
 EVENT_CURSOR: Final = "SELECT value FROM event_cursor WHERE id = 1"
-INSERT_EVENTS: Final = "INSERT INTO events (seq, task_seq, task_id, kind, status, at) VALUES "
+_EVENTS_INTO: Final = "INSERT INTO events (seq, task_seq, task_id, kind, status, at) "
+INSERT_EVENTS: Final = f"{_EVENTS_INTO}VALUES "
+INSERT_ENQUEUED_EVENTS: Final = (
+    f"{_EVENTS_INTO}SELECT LAST_INSERT_ID() - %s + (seq - %s) DIV %s, seq, id, "
+    "'enqueued', 'pending', %s FROM tasks WHERE seq BETWEEN %s AND %s"
+)
+"""The ENQUEUED events of the tasks one multi-row ``INSERT`` stored, copied from their
+rows (parameters: how many seqs before the last one drawn the first event's is, the
+first task seq, the step between task seqs, at, the first and the last task seq)."""
 EVENT_ROW: Final = "(LAST_INSERT_ID() - %s, %s, %s, %s, %s, %s)"
 """One event: how many seqs before the last one drawn (:data:`EVENT_CURSOR_DRAW` in
 the same transaction), task seq, task id, kind, status, at."""
