@@ -74,7 +74,6 @@ LEASE_CLEARED: Final = "worker_id = NULL, lease_expires_at = NULL"
 
 # -- tasks ---------------------------------------------------------------------------
 
-INSERT_ROW: Final = "(%s, %s, 'pending', %s, %s, %s, %s, %s, '{}', %s, %s, %s, %s, %s, %s, %s)"
 INSERT_PREFIX: Final = (
     "INSERT INTO tasks (id, task_type, status, created_at, run_at, updated_at, app_id, "
     "params, data, priority, max_retries, dedupe_key, alias_of, parent_id, user_id, "

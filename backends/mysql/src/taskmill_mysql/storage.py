@@ -194,23 +194,29 @@ class MySQLStorage(TaskStorage):
         looked up under a share lock; an enqueue that loses the race for a new leader
         (the unique ``dedupe_leader`` index refuses its row) is run again and becomes
         an alias. Ids already stored follow the duplicate-id rule
-        (:func:`~taskmill.lifecycle.split_taken`); an id committed concurrently makes the
-        unique ``tasks_id`` index refuse the row, and the run again returns that task.
+        (:func:`~taskmill.lifecycle.split_taken`): a stored id (or one committed
+        concurrently) makes the unique ``tasks_id`` index refuse the row, and the run
+        again, which reads the stored tasks among its ids first, returns that task.
 
         :returns: the stored snapshots, in the order given.
         """
         if not tasks:
             return []
+        # Ids are looked up only once the unique index has refused one (or when the
+        # call names an id twice): a bulk enqueue of new ids reads nothing first.
+        look_up_ids = len({new.id for new in tasks}) < len(tasks)
         for race in range(_DEDUPE_RACES):
             try:
-                return await self._write(operations.enqueue, tasks)
+                return await self._write(operations.enqueue, (tasks, look_up_ids))
             except pymysql.err.IntegrityError as exc:
                 text = str(exc)
+                taken_id = "'tasks_id'" in text
                 lost_race = error_code(exc) == DUPLICATE_KEY and (
-                    "dedupe_leader" in text or "'tasks_id'" in text
+                    "dedupe_leader" in text or taken_id
                 )
                 if not lost_race or race == _DEDUPE_RACES - 1:
                     raise self._db.unavailable(exc) from exc
+                look_up_ids = look_up_ids or taken_id
         raise AssertionError("unreachable")
 
     async def claim_batch(self, request: ClaimRequest) -> list[Task]:
