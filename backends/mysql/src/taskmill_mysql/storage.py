@@ -21,6 +21,7 @@ Design (docs/backends.md, "MySQL / MariaDB", has the reasoning and the plans):
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final, Self, TypeVar
@@ -57,6 +58,9 @@ __all__ = ["MySQLStorage"]
 T = TypeVar("T")
 A = TypeVar("A")
 _DEDUPE_RACES: Final = 8
+_DUPLICATE_IN: Final = re.compile(r"for key '(?:tasks\.)?(\w+)'$")
+"""The unique index a duplicate-key message ends with: MariaDB writes ``'tasks_id'``,
+MySQL 8 ``'tasks.tasks_id'`` (the refused value, before it, may hold anything)."""
 
 
 class MySQLStorage(TaskStorage):
@@ -209,10 +213,11 @@ class MySQLStorage(TaskStorage):
             try:
                 return await self._write(operations.enqueue, (tasks, look_up_ids))
             except pymysql.err.IntegrityError as exc:
-                text = str(exc)
-                taken_id = "'tasks_id'" in text
+                refused_by = _DUPLICATE_IN.search(str(exc.args[-1]))
+                index = refused_by.group(1) if refused_by else None
+                taken_id = index == "tasks_id"
                 lost_race = error_code(exc) == DUPLICATE_KEY and (
-                    "dedupe_leader" in text or taken_id
+                    index == "tasks_dedupe_leader" or taken_id
                 )
                 if not lost_race or race == _DEDUPE_RACES - 1:
                     raise self._db.unavailable(exc) from exc
