@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 import aiomysql
+import attrs
 import pymysql
 import pytest
 from taskmill.cursors import position_token, token_position
@@ -18,7 +19,7 @@ from taskmill.discovery import storage_for_url
 from taskmill.errors import InvalidURL, SchemaVersionError, StorageUnavailable
 from taskmill.model import EventKind, Progress
 from taskmill.sql.rows import TASK_COLUMN_NAMES
-from taskmill.storage import ClaimRequest, FinishKind, TaskStorage
+from taskmill.storage import ClaimRequest, FinishKind, NewTask, TaskStorage
 from taskmill.testing import (
     Place,
     SchemaMigrations,
@@ -28,6 +29,7 @@ from taskmill.testing import (
     wait_until,
 )
 from taskmill_mysql import MySQLStorage, latest_version
+from taskmill_mysql import operations as my_operations
 from taskmill_mysql import schema as my_schema
 from taskmill_mysql import statements as my_sql
 from taskmill_mysql.connection import Session
@@ -360,6 +362,44 @@ async def test_a_bulk_enqueue_numbers_its_tasks_and_events_as_stored(
         assert seqs == sorted(seqs)
         if case == "step 3":
             assert {b - a for a, b in itertools.pairwise(seqs)} == {3}
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "Duplicate entry 'x' for key 'tasks_id'",  # MariaDB
+        "Duplicate entry 'for key 'tasks_id'' for key 'tasks.tasks_id'",  # MySQL 8
+    ],
+)
+async def test_an_id_the_unique_index_refuses_is_looked_up_in_the_run_again(
+    mysql_url: str, message: str, monkeypatch: pytest.MonkeyPatch
+):
+    """A bulk enqueue of distinct ids reads no stored task first; the unique ``tasks_id``
+    index refuses a stored id, named as MariaDB or MySQL 8 names it, and the run again
+    looks the ids up (the duplicate-id rule)."""
+    store = MySQLStorage.from_url(mysql_url)
+    await store.open()
+    looked_up: list[bool] = []
+    real = my_operations.enqueue
+
+    async def refused_once(s: Session, args: tuple[Any, bool]) -> Any:
+        looked_up.append(args[1])
+        if len(looked_up) == 1:
+            raise pymysql.err.IntegrityError(1062, message)
+        return await real(s, args)
+
+    try:
+        (stored,) = await store.enqueue([new_task()])
+        monkeypatch.setattr(my_operations, "enqueue", refused_once)
+        again = new_task()
+        assert await store.enqueue([again]) == [await store.get(again.id)]
+        assert looked_up == [False, True]
+        monkeypatch.setattr(my_operations, "enqueue", real)
+        same = NewTask(**{**attrs.asdict(again, recurse=False)})
+        assert await store.enqueue([same]) == [await store.get(again.id)]
+        assert stored == await store.get(stored.id)
     finally:
         await store.close()
 
