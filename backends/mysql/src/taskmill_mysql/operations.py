@@ -18,7 +18,7 @@ those helpers. The SQL, rows, options, schema and connections live in their own 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -99,6 +99,7 @@ from taskmill_mysql.rows import (
     attempt,
     claimed_row,
     event,
+    fence_from_json,
     from_json,
     task,
 )
@@ -151,9 +152,17 @@ class Inserted:
 
 
 _QUOTED: Final = {
-    value: f"'{value}'" for value in [*(k.value for k in EventKind), *(t.value for t in TaskStatus)]
+    value: f"'{value}'"
+    for value in [
+        *(k.value for k in EventKind),
+        *(t.value for t in TaskStatus),
+        *(o.value for o in AttemptOutcome),
+    ]
 }
-"""Event kinds and statuses as SQL literals (plain words: nothing to escape)."""
+"""Event kinds, statuses and attempt outcomes as SQL literals (plain words: nothing to
+escape)."""
+Literal = Callable[[Any], str]
+""":meth:`Session.literal`."""
 
 
 async def append_events(
@@ -491,37 +500,47 @@ def _held(row: Row | None, lease: Lease) -> bool:
     return row is not None and row[2] == lease.worker_id and row[3] == lease.attempt
 
 
-def _finish_values(finish: Finish, seq: int, at: datetime) -> list[Any]:
-    """One finish's row of the batch (statements.FINISH_COLUMNS)."""
+def _finish_literals(literal: Literal, finish: Finish, seq: int, at: datetime) -> list[str]:
+    """One finish's row of the batch (statements.FINISH_COLUMNS), as SQL literals."""
     progress = finish.progress
-    reason = None
+    reason = "NULL"
     if finish.kind is FinishKind.CANCEL:
-        reason = (finish.cancel_reason or DEFAULT_CANCEL_REASON).value
+        reason = literal((finish.cancel_reason or DEFAULT_CANCEL_REASON).value)
+    retry_in = finish.retry_in
+    result, error, data = finish.result_json, finish.error, finish.data
     return [
-        seq,
-        at + timedelta(seconds=finish.retry_in or 0),
-        finish.result_json,
-        finish.error,
+        str(int(seq)),
+        literal(at + timedelta(seconds=retry_in) if retry_in else at),
+        "NULL" if result is None else literal(result),
+        "NULL" if error is None else literal(error),
         reason,
-        None if finish.data is None else dumps(finish.data),
-        progress is not None,
-        None if progress is None else progress.done,
-        None if progress is None else progress.total,
-        None if progress is None else progress.message,
+        "NULL" if data is None else literal(dumps(data)),
+        *(
+            ("0", "NULL", "NULL", "NULL")
+            if progress is None
+            else ("1", literal(progress.done), literal(progress.total), literal(progress.message))
+        ),
     ]
 
 
-async def _apply_finishes(
-    s: Session, at: datetime, kind: FinishKind, values: list[list[Any]]
-) -> None:
-    """The batched finish statement of ``kind`` over ``values`` (128 rows at a time)."""
-    for start in range(0, len(values), 128):
-        chunk = values[start : start + 128]
-        args: list[Any] = []
-        for row in chunk:
-            args += row
-        args += [at] * sql.finish_now_count(kind)
-        s.defer(sql.finish_sql(kind, len(chunk)), args)
+def _apply_finishes(s: Session, at: datetime, kind: FinishKind, rows: list[list[str]]) -> None:
+    """The batched finish statement of ``kind`` over ``rows`` (128 at a time)."""
+    now = s.literal(at)
+    for start in range(0, len(rows), 128):
+        s.defer(sql.finish_sql(kind, rows[start : start + 128], now))
+
+
+def _attempt_literals(
+    literal: Literal, seq: int, lease: Lease, finish: Finish, outcome: str
+) -> str:
+    """The execution-log row of one applied finish (statements.INSERT_ATTEMPTS)."""
+    error = None if outcome == _COMPLETED else finish.error
+    return (
+        f"({int(seq):d}, {literal(lease.task_id)}, {int(lease.attempt):d}, "
+        f"{literal(lease.worker_id)}, {literal(as_stored(finish.started_at))}, "
+        f"{literal(as_stored(finish.finished_at))}, {_QUOTED[outcome]}, "
+        f"{'NULL' if error is None else literal(error)})"
+    )
 
 
 _FINISH_PLANS: Final = {kind: plan(t) for kind, t in FINISHES.items()}
@@ -530,7 +549,7 @@ _FINISH_PLANS: Final = {kind: plan(t) for kind, t in FINISHES.items()}
 def _finished(before: Task, one: Finish, kind: FinishKind, at: datetime) -> Task:
     """The snapshot of ``before`` after :func:`_apply_finishes` wrote ``one`` as
     ``kind`` at ``at``: the kernel's transition (:meth:`TransitionPlan.apply`) given the
-    values of :func:`_finish_values` as the row holds them once stored (JSON text
+    values of :func:`_finish_literals` as the row holds them once stored (JSON text
     decoded again, progress as the DOUBLE columns return it), so that it equals what
     a read back would return."""
     now = as_datetime(at)
@@ -581,7 +600,8 @@ async def _finish(
     alias columns, and no snapshot is built)."""
     at: datetime | None = None
     results: dict[int, Task | None] = {}
-    log: list[Row] = []
+    log: list[str] = []
+    literal = s.literal
     events: list[Event] = []
     ended: list[tuple[str, str]] = []
     lock = sql.LOCK_FINISHING if snapshots else sql.LOCK_FINISHING_FENCE
@@ -591,7 +611,10 @@ async def _finish(
         locked: dict[str, Row] = {}
         for chunk in _chunks(list(dict.fromkeys(finishes[i].lease.task_id for i in indexes))):
             text = lock.format(sql.marks(len(chunk)))
-            found = await (_snapshots(s, text, chunk) if snapshots else s.fetchall(text, chunk))
+            if snapshots:
+                found = await _snapshots(s, text, chunk)
+            else:
+                found = [fence_from_json(r) for r in await s.fetchall(text, chunk)]
             for row in found:
                 locked[row[i_id]] = row
                 if at is None:
@@ -609,10 +632,10 @@ async def _finish(
                 continue
             stop_requested = held[fence.cancel_reason] is not None
             kind = finish_kind(one.kind, stop_requested=stop_requested)
-            by_kind.setdefault(kind, []).append(_finish_values(one, held[i_seq], at))
+            by_kind.setdefault(kind, []).append(_finish_literals(literal, one, held[i_seq], at))
             applied[index] = (held, kind)
-        for kind, values in by_kind.items():
-            await _apply_finishes(s, at, kind, values)
+        for kind, rows in by_kind.items():
+            _apply_finishes(s, at, kind, rows)
         for index, (row, kind) in applied.items():
             one = finishes[index]
             after = _finished(task(row), one, kind, at) if snapshots else None
@@ -628,20 +651,14 @@ async def _finish(
                 (stored,) = await _by_seq(s, [seq])  # the leader as stored, for its aliases
                 for alias in await _settle_aliases(s, stored, at, events):
                     ended.append((alias[ID], alias[STATUS_COL]))
-            lease = one.lease
-            log.append(
-                (
-                    seq, task_id, lease.attempt, lease.worker_id,
-                    as_stored(one.started_at), as_stored(one.finished_at), outcome,
-                    None if outcome == _COMPLETED else one.error,
-                )
-            )  # fmt: skip
+            log.append(_attempt_literals(literal, seq, one.lease, one, outcome))
             results[index] = after
     if at is None:
         return results
     if ended:
         await settle_dependents(s, ended, at, events)
-    await s.executemany(sql.INSERT_ATTEMPT, log)
+    if log:
+        s.defer(sql.INSERT_ATTEMPTS + ", ".join(log))
     await append_events(s, events)
     return results
 

@@ -46,6 +46,7 @@ __all__ = [
     "attempt",
     "claimed_row",
     "event",
+    "fence_from_json",
     "from_json",
     "task",
 ]
@@ -122,6 +123,13 @@ def from_json(row: Row) -> Row | None:
         if value is not None:
             values[i] = float(value)
     return (*values, *row[2:])
+
+
+def fence_from_json(row: Row) -> Row:
+    """A row selected as ``JSON_ARRAY(<FENCE_COLUMN_NAMES>), NOW(6)`` as the row
+    selected as those columns and ``NOW(6)`` would be (they are all text and integers,
+    and short: their JSON is never NULL)."""
+    return (*_parse_json(row[0]), row[1])
 
 
 def claimed_row(row: Row, worker_id: str, at: datetime, lease: datetime) -> Row:

@@ -15,7 +15,7 @@ Conventions:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from taskmill.lifecycle import (
@@ -113,10 +113,12 @@ def select_seqs_by_id(n: int) -> str:
 
 
 FENCE: Final = "id = %s AND status = 'running' AND worker_id = %s AND attempts = %s"
-INSERT_ATTEMPT: Final = (
+INSERT_ATTEMPTS: Final = (
     "INSERT INTO attempts (task_seq, task_id, number, worker_id, started_at, finished_at, "
-    "outcome, error) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+    "outcome, error) VALUES "
 )
+"""An execution-log ``INSERT``, followed by its rendered rows."""
+INSERT_ATTEMPT: Final = f"{INSERT_ATTEMPTS}(%s, %s, %s, %s, %s, %s, %s, %s)"
 LOCK_ALIASES: Final = (
     "SELECT seq FROM tasks WHERE alias_of = %s AND status = 'pending' ORDER BY seq FOR UPDATE"
 )
@@ -147,11 +149,12 @@ locked, each followed by the store clock, so that
 a finish reads the clock without a round trip of its own (a finish that locks nothing
 writes nothing, and needs no clock)."""
 LOCK_FINISHING_FENCE: Final = (
-    f"SELECT {', '.join(FENCE_COLUMN_NAMES)}, NOW(6) FROM tasks WHERE id IN ({{}}) "
-    "AND status = 'running' FOR UPDATE"
+    f"SELECT JSON_ARRAY({', '.join(FENCE_COLUMN_NAMES)}), NOW(6) FROM tasks "
+    "WHERE id IN ({}) AND status = 'running' FOR UPDATE"
 )
 """:data:`LOCK_FINISHING` for a finish that builds no snapshots: only the columns it
-reads itself (:data:`~taskmill_mysql.rows.FENCE_COLUMN_NAMES`), then the store clock."""
+reads itself (:data:`~taskmill_mysql.rows.FENCE_COLUMN_NAMES`, as one JSON array,
+read by :func:`~taskmill_mysql.rows.fence_from_json`), then the store clock."""
 FINISH_COLUMNS: Final = (
     "seq", "later", "result", "error", "reason", "data", "has_progress", "done", "total",
     "message",
@@ -167,7 +170,6 @@ _FINISH_PROGRESS: Final = (
     "t.progress_message = IF(v.has_progress, v.message, t.progress_message)"
 )
 """A terminal finish keeps the attempt's last progress; a requeue resets it instead."""
-_finish_sql_cache: dict[tuple[FinishKind, int], str] = {}
 
 
 def _qualified(assignments: str) -> str:
@@ -176,30 +178,30 @@ def _qualified(assignments: str) -> str:
     return ", ".join(f"t.{a.strip()}" for a in assignments.split(", "))
 
 
-def finish_sql(kind: FinishKind, rows: int) -> str:
-    """The finish of ``rows`` locked RUNNING tasks as ``kind``: one multi-table
-    ``UPDATE`` joining the batch ``v`` (a ``UNION ALL`` of one row per finish, the
-    columns of :data:`FINISH_COLUMNS`) by seq. Parameters: the batch's values, row by
-    row, then now (once per use in the SET list, see :func:`finish_now_count`)."""
-    cached = _finish_sql_cache.get((kind, rows))
-    if cached is not None:
-        return cached
-    first = "SELECT " + ", ".join(f"%s AS {c}" for c in FINISH_COLUMNS)
-    more = " UNION ALL SELECT " + ", ".join(["%s"] * len(FINISH_COLUMNS))
-    sets = _qualified(set_clause(FINISHES[kind], _FINISH_SOURCES))
-    progress = "" if FINISHES[kind].requeues else _FINISH_PROGRESS
-    text = (
-        f"UPDATE tasks AS t JOIN ({first}{more * (rows - 1)}) AS v ON t.seq = v.seq "
-        f"SET {sets}, t.updated_at = %s, t.worker_id = NULL, t.lease_expires_at = NULL, "
-        f"t.data = IFNULL(v.data, t.data){progress}"
+_FINISH_SETS: Final = {
+    kind: (
+        f"SET {_qualified(set_clause(t, _FINISH_SOURCES))}, t.updated_at = %s, "
+        "t.worker_id = NULL, t.lease_expires_at = NULL, t.data = IFNULL(v.data, t.data)"
+        + ("" if t.requeues else _FINISH_PROGRESS)
     )
-    _finish_sql_cache[(kind, rows)] = text
-    return text
+    for kind, t in FINISHES.items()
+}
+"""Per finish kind, the ``SET`` list of :func:`finish_sql`, whose only placeholders
+are the store clock's (``%s``)."""
+assert all(text.count("%") == text.count("%s") for text in _FINISH_SETS.values())
 
 
-def finish_now_count(kind: FinishKind) -> int:
-    """How many times :func:`finish_sql`'s SET list takes the store clock."""
-    return set_clause(FINISHES[kind], _FINISH_SOURCES).count("%s") + 1
+def finish_sql(kind: FinishKind, rows: Sequence[Sequence[str]], now: str) -> str:
+    """The finish of some locked RUNNING tasks as ``kind``: one multi-table ``UPDATE``
+    joining the batch ``v`` (a ``UNION ALL`` of one ``SELECT`` per finish) by seq.
+    ``rows`` are the finishes' values (:data:`FINISH_COLUMNS`) and ``now`` the store
+    clock, all as SQL literals."""
+    first = ", ".join(
+        f"{value} AS {name}" for value, name in zip(rows[0], FINISH_COLUMNS, strict=True)
+    )
+    more = "".join([" UNION ALL SELECT " + ", ".join(row) for row in rows[1:]])
+    sets = _FINISH_SETS[kind].replace("%s", now)
+    return f"UPDATE tasks AS t JOIN (SELECT {first}{more}) AS v ON t.seq = v.seq {sets}"
 
 
 RENEW: Final = "UPDATE tasks SET lease_expires_at = %s WHERE seq IN ({})"
