@@ -5,23 +5,38 @@ version mismatch), migrations under GET_LOCK, and the event cursor's commit orde
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 from typing import Any
 
 import aiomysql
+import attrs
 import pymysql
 import pytest
 from taskmill.cursors import position_token, token_position
 from taskmill.discovery import storage_for_url
 from taskmill.errors import InvalidURL, SchemaVersionError, StorageUnavailable
-from taskmill.storage import TaskStorage
-from taskmill.testing import Place, SchemaMigrations, StorageContract, new_task, wait_until
+from taskmill.model import EventKind, Progress
+from taskmill.sql.rows import TASK_COLUMN_NAMES
+from taskmill.storage import ClaimRequest, FinishKind, NewTask, TaskStorage
+from taskmill.testing import (
+    Place,
+    SchemaMigrations,
+    StorageContract,
+    finish,
+    new_task,
+    wait_until,
+)
 from taskmill_mysql import MySQLStorage, latest_version
+from taskmill_mysql import operations as my_operations
 from taskmill_mysql import schema as my_schema
+from taskmill_mysql import statements as my_sql
 from taskmill_mysql.connection import Session
-from taskmill_mysql.operations import append_events
+from taskmill_mysql.operations import _snapshots, append_events
 from taskmill_mysql.options import parse_url, redact
+from taskmill_mysql.rows import TASK_COLUMNS
+from taskmill_mysql.rows import task as row_task
 
 from tests.conftest import MYSQL_URL, drop_database, mysql_url_for, new_schema_name
 
@@ -237,6 +252,154 @@ async def test_migrate_is_idempotent_and_keeps_tasks(mysql_url: str):
         (task,) = await store.enqueue([new_task()])
         assert await store.migrate() == latest_version()
         assert await store.get(task.id) == task
+    finally:
+        await store.close()
+
+
+# -- snapshots read as one JSON column ------------------------------------------------------
+
+_AWKWARD = "quote\" back\\ tab\t nl\n nul\x00 é 😀 \u2028 '; DROP"
+
+
+async def test_a_snapshot_read_as_json_equals_the_one_read_column_by_column(mysql_url: str):
+    store = MySQLStorage.from_url(mysql_url)
+    await store.open()
+    try:
+        new = new_task(
+            params={"s": _AWKWARD, "f": 0.1 + 0.2, "big": 2**62, "none": None},
+            app_id=f"app {_AWKWARD}",
+            priority=-(2**40),
+            max_retries=7,
+            dedupe_key=_AWKWARD,
+            user_id=_AWKWARD,
+        )
+        await store.enqueue([new])
+        request = ClaimRequest(
+            worker_id=_AWKWARD, handlers={(new.app_id, "job"): None}, limit=5, lease_seconds=30
+        )
+        (first,) = await store.claim_batch(request)
+        assert first == await store.get(new.id)
+        (retried,) = await store.finish_batch(
+            [finish(first, FinishKind.RETRY, error=_AWKWARD, data={"d": _AWKWARD})]
+        )
+        assert retried == await store.get(new.id)
+        (again,) = await store.claim_batch(request)  # now with an error, data and attempts
+        assert again == await store.get(new.id)
+        assert (again.error, again.data, again.attempts) == (_AWKWARD, {"d": _AWKWARD}, 2)
+        (done,) = await store.finish_batch(
+            [finish(again, result=[_AWKWARD, 1.5], progress=Progress(1 / 3, 7.25, _AWKWARD))]
+        )
+        assert done == await store.get(new.id)
+        assert done is not None and done.progress == Progress(1 / 3, 7.25, _AWKWARD)
+    finally:
+        await store.close()
+
+
+async def test_a_row_the_server_gives_no_json_for_is_read_by_its_seq(mysql_url: str):
+    # The server returns NULL for a JSON value longer than max_allowed_packet.
+    store = MySQLStorage.from_url(mysql_url)
+    await store.open()
+    try:
+        (stored,) = await store.enqueue([new_task(params={"s": _AWKWARD})])
+        text = (
+            f"SELECT IF(id = %s, NULL, JSON_ARRAY({TASK_COLUMNS})), seq, 7 FROM tasks "
+            "WHERE id IN (%s, %s) ORDER BY seq"
+        )
+        (other,) = await store.enqueue([new_task()])
+
+        async def read(s: Session) -> list[tuple[Any, ...]]:
+            return await _snapshots(s, text, [stored.id, stored.id, other.id])
+
+        rows = await store._db.run(read, transaction=False)
+        assert [row_task(r) for r in rows] == [stored, other]
+        assert [r[len(TASK_COLUMN_NAMES) :] for r in rows] == [(7,), (7,)]
+    finally:
+        await store.close()
+
+
+# -- the seqs of a bulk enqueue ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["step 1", "step 3", "seqs not as reserved"])
+async def test_a_bulk_enqueue_numbers_its_tasks_and_events_as_stored(
+    mysql_url: str, case: str, monkeypatch: pytest.MonkeyPatch
+):
+    """A multi-row INSERT's seqs are computed from its first one and the server's step
+    (InnoDB reserves them at once, in row order), checked against the last row's; when
+    the check fails they are read by id. Either way, every ENQUEUED event names its
+    task's seq, in the order given."""
+    if case == "seqs not as reserved":
+        monkeypatch.setattr(
+            my_sql,
+            "INSERTED_SEQS",
+            "SELECT LAST_INSERT_ID(), @@auto_increment_increment, -1 FROM tasks WHERE id = %s",
+        )
+    store = MySQLStorage.from_url(mysql_url, pool_max_size=1)
+    await store.open()
+    try:
+        if case == "step 3":
+            await store._db.run(
+                lambda s: s.execute("SET SESSION auto_increment_increment = 3"),
+                transaction=False,
+            )
+        await store.enqueue([new_task()])
+        _, start = await store.read_events(None)
+        news = [new_task(params={"i": i}) for i in range(700)]  # two INSERTs of 500 and 200
+        stored = await store.enqueue(news)
+        assert [t.id for t in stored] == [n.id for n in news]
+        events, _ = await store.read_events(start, limit=1000)
+        assert [e.task for e in events] == stored
+        assert {e.kind for e in events} == {EventKind.ENQUEUED}
+        db = store.database
+        pairs = await fetch(
+            f"SELECT e.task_seq, t.seq, t.id FROM `{db}`.events AS e JOIN `{db}`.tasks AS t"
+            " ON t.id = e.task_id WHERE e.seq > %s ORDER BY e.seq",
+            token_position(start),
+        )
+        assert [(a, i) for a, _, i in pairs] == [(b, i) for _, b, i in pairs]
+        assert [i for _, _, i in pairs] == [n.id for n in news]
+        seqs = [b for _, b, _ in pairs]
+        assert seqs == sorted(seqs)
+        if case == "step 3":
+            assert {b - a for a, b in itertools.pairwise(seqs)} == {3}
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "Duplicate entry 'x' for key 'tasks_id'",  # MariaDB
+        "Duplicate entry 'for key 'tasks_id'' for key 'tasks.tasks_id'",  # MySQL 8
+    ],
+)
+async def test_an_id_the_unique_index_refuses_is_looked_up_in_the_run_again(
+    mysql_url: str, message: str, monkeypatch: pytest.MonkeyPatch
+):
+    """A bulk enqueue of distinct ids reads no stored task first; the unique ``tasks_id``
+    index refuses a stored id, named as MariaDB or MySQL 8 names it, and the run again
+    looks the ids up (the duplicate-id rule)."""
+    store = MySQLStorage.from_url(mysql_url)
+    await store.open()
+    looked_up: list[bool] = []
+    real = my_operations.enqueue
+
+    async def refused_once(s: Session, args: tuple[Any, bool]) -> Any:
+        looked_up.append(args[1])
+        if len(looked_up) == 1:
+            raise pymysql.err.IntegrityError(1062, message)
+        return await real(s, args)
+
+    try:
+        (stored,) = await store.enqueue([new_task()])
+        monkeypatch.setattr(my_operations, "enqueue", refused_once)
+        again = new_task()
+        assert await store.enqueue([again]) == [await store.get(again.id)]
+        assert looked_up == [False, True]
+        monkeypatch.setattr(my_operations, "enqueue", real)
+        same = NewTask(**{**attrs.asdict(again, recurse=False)})
+        assert await store.enqueue([same]) == [await store.get(again.id)]
+        assert stored == await store.get(stored.id)
     finally:
         await store.close()
 

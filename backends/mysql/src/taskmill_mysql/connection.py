@@ -112,9 +112,16 @@ class Session:
             return "NULL"
         if kind is datetime:
             if value is not self._at:
-                self._at_literal = self.conn.escape(value)
+                # PyMySQL's format for a naive datetime (it drops a time zone).
+                self._at_literal = (
+                    f"'{value.isoformat(' ')}'"
+                    if value.tzinfo is None
+                    else str(self.conn.escape(value))
+                )
                 self._at = value
             return self._at_literal
+        if kind is bool:
+            return "1" if value else "0"
         return str(self.conn.escape(value))
 
     def render(self, sql: str, args: Sequence[Any] | Mapping[str, Any] | None) -> str:

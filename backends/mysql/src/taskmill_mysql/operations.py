@@ -18,10 +18,11 @@ those helpers. The SQL, rows, options, schema and connections live in their own 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final
 
+import attrs
 from taskmill.cursors import position_token, token_position
 from taskmill.errors import TaskNotFound
 from taskmill.lifecycle import (
@@ -81,23 +82,25 @@ from taskmill_mysql import statements as sql
 from taskmill_mysql.connection import Session
 from taskmill_mysql.limits import apply_limits, spend_tokens
 from taskmill_mysql.rows import (
-    ATTEMPTS,
     CANCEL_REASON,
     ERROR,
     EVENT_COLUMNS,
     ID,
+    NARROW_FENCE,
     PRIORITY,
     RESULT,
     SEQ,
+    SNAPSHOT_FENCE,
     STATUS_COL,
     TASK_COLUMNS,
-    WORKER_ID,
     Row,
     as_datetime,
     as_stored,
     attempt,
     claimed_row,
     event,
+    fence_from_json,
+    from_json,
     task,
 )
 
@@ -134,29 +137,95 @@ async def now(s: Session) -> datetime:
     return value
 
 
-async def append_events(s: Session, events: list[Event]) -> None:
-    """Append ``events`` in order, drawing their seqs from the locked ``event_cursor``
-    row: the last statements of a transaction (both deferred, so they go to the server
-    with the ``COMMIT``), so that the row lock is held only from here to the commit
-    and seqs follow commit order. The draw leaves the last seq in ``LAST_INSERT_ID()``,
-    from which the ``INSERT`` numbers the events on the server."""
-    if not events:
+@attrs.frozen
+class Inserted:
+    """The seqs of the tasks one multi-row ``INSERT`` stored: ``first``, ``first +
+    step``, ... (``count`` of them), in the order of its rows."""
+
+    first: int
+    step: int
+    count: int
+
+    @property
+    def last(self) -> int:
+        return self.first + self.step * (self.count - 1)
+
+
+_QUOTED: Final = {
+    value: f"'{value}'"
+    for value in [
+        *(k.value for k in EventKind),
+        *(t.value for t in TaskStatus),
+        *(o.value for o in AttemptOutcome),
+    ]
+}
+"""Event kinds, statuses and attempt outcomes as SQL literals (plain words: nothing to
+escape)."""
+Literal = Callable[[Any], str]
+""":meth:`Session.literal`."""
+
+
+async def append_events(
+    s: Session,
+    events: list[Event],
+    *,
+    enqueued: Sequence[Inserted] = (),
+    at: datetime | None = None,
+) -> None:
+    """Append the ENQUEUED events of the tasks ``enqueued`` (written at ``at``), then
+    ``events``, in order, drawing their seqs from the locked ``event_cursor`` row: the
+    last statements of a transaction (deferred, so they go to the server with the
+    ``COMMIT``), so that the row lock is held only from here to the commit and seqs
+    follow commit order. The draw leaves the last seq in ``LAST_INSERT_ID()``, from
+    which the ``INSERT`` numbers the events on the server; the events of ``enqueued``
+    are copied from their task rows there (nothing rendered per task)."""
+    count = len(events) + sum(inserted.count for inserted in enqueued)
+    if not count:
         return
-    s.defer(sql.EVENT_CURSOR_DRAW, (len(events),))
-    back = len(events)
+    s.defer(sql.EVENT_CURSOR_DRAW, (count,))
+    back = count
+    for inserted in enqueued:
+        back -= inserted.count
+        s.defer(
+            sql.INSERT_ENQUEUED_EVENTS,
+            (back + inserted.count - 1, inserted.first, inserted.step, at, inserted.first,
+             inserted.last),
+        )  # fmt: skip
+    literal = s.literal
     for start in range(0, len(events), sql.CHUNK):
-        chunk = events[start : start + sql.CHUNK]
-        rows: list[tuple[Any, ...]] = []
-        for event_ in chunk:
+        rows: list[str] = []
+        for seq, task_id, kind, status, when in events[start : start + sql.CHUNK]:
             back -= 1
-            rows.append((back, *event_))
-        s.defer_rows(sql.INSERT_EVENTS, sql.EVENT_ROW, rows)
+            rows.append(
+                f"(LAST_INSERT_ID() - {back:d}, {seq:d}, {literal(task_id)}, "
+                f"{_QUOTED[kind]}, {_QUOTED[status]}, {literal(when)})"
+            )
+        s.defer(sql.INSERT_EVENTS + ", ".join(rows))
 
 
 async def _by_seq(s: Session, seqs: Sequence[int]) -> list[Row]:
     rows: list[Row] = []
     for chunk in _chunks(seqs):
         rows += await s.fetchall(sql.select_by_seq(len(chunk)), chunk)
+    return rows
+
+
+async def _snapshots(s: Session, text: str, args: Sequence[Any]) -> list[Row]:
+    """The rows of a query selecting :data:`~taskmill_mysql.rows.TASK_JSON` and maybe
+    more columns, each as :data:`TASK_COLUMNS` followed by those more columns, in the
+    query's order (a row the server gave no JSON for is read again by its seq)."""
+    rows: list[Row] = []
+    missing: dict[int, int] = {}
+    for found in await s.fetchall(text, args):
+        row = from_json(found)
+        if row is None:
+            missing[found[1]] = len(rows)
+            row = found
+        rows.append(row)
+    if missing:
+        for full in await _by_seq(s, list(missing)):
+            at = missing[full[SEQ]]
+            rows[at] = (*full, *rows[at][2:])
     return rows
 
 
@@ -240,13 +309,17 @@ async def settle_dependents(
     return cancelled
 
 
-async def enqueue(s: Session, tasks: Sequence[NewTask]) -> list[Task]:
+async def enqueue(s: Session, args: tuple[Sequence[NewTask], bool]) -> list[Task]:
+    """Insert ``tasks``; with ``look_up_ids`` the stored tasks among their ids are read
+    first (the duplicate-id rule), without it the unique ``tasks_id`` index refuses a
+    stored id (the caller then runs it again with ``look_up_ids``)."""
+    tasks, look_up_ids = args
     at = await now(s)
     at_dt = as_datetime(at)
     leaders: dict[tuple[str | None, str, str], str] = {}
     values: list[list[Any]] = []
     stored: list[Task] = []
-    ids = list(dict.fromkeys(new.id for new in tasks))
+    ids = list(dict.fromkeys(new.id for new in tasks)) if look_up_ids else []
     taken: dict[str, Task] = {}
     for chunk in _chunks(ids):
         for row in await s.fetchall(sql.select_tasks_by_id(len(chunk)), list(chunk)):
@@ -287,12 +360,24 @@ async def enqueue(s: Session, tasks: Sequence[NewTask]) -> list[Task]:
         )  # fmt: skip
         stored.append(enqueued(new, now=at_dt, run_at=as_datetime(run_at), alias_of=alias_of))
     seq_of: dict[str, int] = {}
+    ranges: list[Inserted] | None = []
     for chunk in _chunks(values):
-        args = [v for row in chunk for v in row]
-        s.defer(sql.INSERT_PREFIX + ", ".join([sql.INSERT_ROW] * len(chunk)), args)
+        _insert_tasks(s, chunk)
         ids = [row[0] for row in chunk]
-        seq_of.update(await s.fetchall(sql.select_seqs_by_id(len(ids)), ids))
-    events: list[Event] = [(seq_of[t.id], t.id, _ENQUEUED, "pending", at) for t in stored]
+        found = await s.fetchone(sql.INSERTED_SEQS, (ids[-1],))
+        assert found is not None
+        inserted = Inserted(int(found[0]), int(found[1]), len(ids))
+        if found[2] == inserted.last:
+            seqs = range(inserted.first, inserted.last + 1, inserted.step)
+            seq_of.update(zip(ids, seqs, strict=True))
+            if ranges is not None:
+                ranges.append(inserted)
+        else:  # not the seqs an InnoDB simple insert reserves: read them
+            seq_of.update(await s.fetchall(sql.select_seqs_by_id(len(ids)), ids))
+            ranges = None
+    events: list[Event] = []
+    if ranges is None:  # the events rendered one by one, in order
+        events += [(seq_of[t.id], t.id, _ENQUEUED, "pending", at) for t in stored]
     if edges:
         await s.executemany(sql.INSERT_DEPENDENCY, edges)
     for index, (dependency, status) in blocked.items():
@@ -302,9 +387,24 @@ async def enqueue(s: Session, tasks: Sequence[NewTask]) -> list[Task]:
         (row,) = await _by_seq(s, [seq])
         events.append((seq, row[ID], _CANCELLED_EVENT, "cancelled", at))
         stored[index] = task(row)
-    await append_events(s, events)
+    await append_events(s, events, enqueued=ranges or (), at=at)
     known.update((t.id, t) for t in stored)
     return [known[new.id] for new in tasks]
+
+
+def _insert_tasks(s: Session, rows: Sequence[list[Any]]) -> None:
+    """Defer one multi-row ``INSERT`` (:data:`~taskmill_mysql.statements.INSERT_PREFIX`)
+    of ``rows`` (id, task type, created, run at, updated, app id, params, priority, max
+    retries, dedupe key, alias of, parent id, user id, waiting on), each rendered in one
+    format: the largest Python cost of a bulk enqueue was rendering row by row."""
+    literal = s.literal
+    text = [
+        f"({literal(i)}, {literal(t)}, 'pending', {literal(c)}, {literal(r)}, {literal(u)}, "
+        f"{literal(a)}, {literal(p)}, '{{}}', {pr:d}, {mr:d}, {literal(k)}, {literal(al)}, "
+        f"{literal(pa)}, {literal(us)}, {w:d})"
+        for i, t, c, r, u, a, p, pr, mr, k, al, pa, us, w in rows
+    ]
+    s.defer(sql.INSERT_PREFIX + ", ".join(text))
 
 
 def _claim_branches(
@@ -359,7 +459,7 @@ async def claim(s: Session, request: ClaimRequest) -> list[Task]:
     picked: list[Row] = []
     for text, args in _claim_branches(request, suspended):
         args[args.index(None, 1)] = at
-        picked += await s.fetchall(text, args)
+        picked += await _snapshots(s, text, args)
     if not picked:
         return []
     # Claim order (priority DESC, then creation) across the keys; what a key locked
@@ -400,37 +500,47 @@ def _held(row: Row | None, lease: Lease) -> bool:
     return row is not None and row[2] == lease.worker_id and row[3] == lease.attempt
 
 
-def _finish_values(finish: Finish, seq: int, at: datetime) -> list[Any]:
-    """One finish's row of the batch (statements.FINISH_COLUMNS)."""
+def _finish_literals(literal: Literal, finish: Finish, seq: int, at: datetime) -> list[str]:
+    """One finish's row of the batch (statements.FINISH_COLUMNS), as SQL literals."""
     progress = finish.progress
-    reason = None
+    reason = "NULL"
     if finish.kind is FinishKind.CANCEL:
-        reason = (finish.cancel_reason or DEFAULT_CANCEL_REASON).value
+        reason = literal((finish.cancel_reason or DEFAULT_CANCEL_REASON).value)
+    retry_in = finish.retry_in
+    result, error, data = finish.result_json, finish.error, finish.data
     return [
-        seq,
-        at + timedelta(seconds=finish.retry_in or 0),
-        finish.result_json,
-        finish.error,
+        str(int(seq)),
+        literal(at + timedelta(seconds=retry_in) if retry_in else at),
+        "NULL" if result is None else literal(result),
+        "NULL" if error is None else literal(error),
         reason,
-        None if finish.data is None else dumps(finish.data),
-        progress is not None,
-        None if progress is None else progress.done,
-        None if progress is None else progress.total,
-        None if progress is None else progress.message,
+        "NULL" if data is None else literal(dumps(data)),
+        *(
+            ("0", "NULL", "NULL", "NULL")
+            if progress is None
+            else ("1", literal(progress.done), literal(progress.total), literal(progress.message))
+        ),
     ]
 
 
-async def _apply_finishes(
-    s: Session, at: datetime, kind: FinishKind, values: list[list[Any]]
-) -> None:
-    """The batched finish statement of ``kind`` over ``values`` (128 rows at a time)."""
-    for start in range(0, len(values), 128):
-        chunk = values[start : start + 128]
-        args: list[Any] = []
-        for row in chunk:
-            args += row
-        args += [at] * sql.finish_now_count(kind)
-        s.defer(sql.finish_sql(kind, len(chunk)), args)
+def _apply_finishes(s: Session, at: datetime, kind: FinishKind, rows: list[list[str]]) -> None:
+    """The batched finish statement of ``kind`` over ``rows`` (128 at a time)."""
+    now = s.literal(at)
+    for start in range(0, len(rows), 128):
+        s.defer(sql.finish_sql(kind, rows[start : start + 128], now))
+
+
+def _attempt_literals(
+    literal: Literal, seq: int, lease: Lease, finish: Finish, outcome: str
+) -> str:
+    """The execution-log row of one applied finish (statements.INSERT_ATTEMPTS)."""
+    error = None if outcome == _COMPLETED else finish.error
+    return (
+        f"({int(seq):d}, {literal(lease.task_id)}, {int(lease.attempt):d}, "
+        f"{literal(lease.worker_id)}, {literal(as_stored(finish.started_at))}, "
+        f"{literal(as_stored(finish.finished_at))}, {_QUOTED[outcome]}, "
+        f"{'NULL' if error is None else literal(error)})"
+    )
 
 
 _FINISH_PLANS: Final = {kind: plan(t) for kind, t in FINISHES.items()}
@@ -439,7 +549,7 @@ _FINISH_PLANS: Final = {kind: plan(t) for kind, t in FINISHES.items()}
 def _finished(before: Task, one: Finish, kind: FinishKind, at: datetime) -> Task:
     """The snapshot of ``before`` after :func:`_apply_finishes` wrote ``one`` as
     ``kind`` at ``at``: the kernel's transition (:meth:`TransitionPlan.apply`) given the
-    values of :func:`_finish_values` as the row holds them once stored (JSON text
+    values of :func:`_finish_literals` as the row holds them once stored (JSON text
     decoded again, progress as the DOUBLE columns return it), so that it equals what
     a read back would return."""
     now = as_datetime(at)
@@ -473,17 +583,40 @@ def _finished(before: Task, one: Finish, kind: FinishKind, at: datetime) -> Task
 
 
 async def finish(s: Session, finishes: Sequence[Finish]) -> list[Task | None]:
+    applied = await _finish(s, finishes, snapshots=True)
+    return [applied.get(index) for index in range(len(finishes))]
+
+
+async def finish_applied(s: Session, finishes: Sequence[Finish]) -> list[bool]:
+    applied = await _finish(s, finishes, snapshots=False)
+    return [index in applied for index in range(len(finishes))]
+
+
+async def _finish(
+    s: Session, finishes: Sequence[Finish], *, snapshots: bool
+) -> dict[int, Task | None]:
+    """Apply ``finishes``; by the index of each one applied, the finished snapshot
+    (None without ``snapshots``: the locking read then takes only the fence and the
+    alias columns, and no snapshot is built)."""
     at: datetime | None = None
-    results: list[Task | None] = [None] * len(finishes)
-    log: list[Row] = []
+    results: dict[int, Task | None] = {}
+    log: list[str] = []
+    literal = s.literal
     events: list[Event] = []
     ended: list[tuple[str, str]] = []
+    lock = sql.LOCK_FINISHING if snapshots else sql.LOCK_FINISHING_FENCE
+    fence = SNAPSHOT_FENCE if snapshots else NARROW_FENCE
+    i_seq, i_id, i_worker, i_attempts = fence.seq, fence.id, fence.worker_id, fence.attempts
     for indexes in finish_rounds(finishes):
         locked: dict[str, Row] = {}
         for chunk in _chunks(list(dict.fromkeys(finishes[i].lease.task_id for i in indexes))):
-            text = sql.LOCK_FINISHING.format(sql.marks(len(chunk)))
-            for row in await s.fetchall(text, chunk):
-                locked[row[ID]] = row
+            text = lock.format(sql.marks(len(chunk)))
+            if snapshots:
+                found = await _snapshots(s, text, chunk)
+            else:
+                found = [fence_from_json(r) for r in await s.fetchall(text, chunk)]
+            for row in found:
+                locked[row[i_id]] = row
                 if at is None:
                     at = row[-1]  # the store clock, read with the locks
         if at is None:
@@ -493,43 +626,39 @@ async def finish(s: Session, finishes: Sequence[Finish]) -> list[Task | None]:
         for index in indexes:
             one = finishes[index]
             held = locked.get(one.lease.task_id)
-            if held is None or held[WORKER_ID] != one.lease.worker_id:
+            if held is None or held[i_worker] != one.lease.worker_id:
                 continue
-            if held[ATTEMPTS] != one.lease.attempt:
+            if held[i_attempts] != one.lease.attempt:
                 continue
-            kind = finish_kind(one.kind, stop_requested=held[CANCEL_REASON] is not None)
-            by_kind.setdefault(kind, []).append(_finish_values(one, held[SEQ], at))
+            stop_requested = held[fence.cancel_reason] is not None
+            kind = finish_kind(one.kind, stop_requested=stop_requested)
+            by_kind.setdefault(kind, []).append(_finish_literals(literal, one, held[i_seq], at))
             applied[index] = (held, kind)
-        for kind, values in by_kind.items():
-            await _apply_finishes(s, at, kind, values)
+        for kind, rows in by_kind.items():
+            _apply_finishes(s, at, kind, rows)
         for index, (row, kind) in applied.items():
             one = finishes[index]
-            after = _finished(task(row), one, kind, at)
-            seq = row[SEQ]
-            status = after.status.value
+            after = _finished(task(row), one, kind, at) if snapshots else None
+            seq = row[i_seq]
+            task_id = one.lease.task_id
+            status = FINISHES[kind].status
             kind_event, outcome = _APPLIED[kind]
             outcome = outcome or one.outcome.value
-            events.append((seq, after.id, kind_event, status, at))
-            if status in _TERMINAL:
-                ended.append((after.id, status))
-            if settles_aliases(after.status, after.dedupe_key, after.alias_of):
+            events.append((seq, task_id, kind_event, status.value, at))
+            if status.terminal:
+                ended.append((task_id, status.value))
+            if settles_aliases(status, row[fence.dedupe_key], row[fence.alias_of]):
                 (stored,) = await _by_seq(s, [seq])  # the leader as stored, for its aliases
                 for alias in await _settle_aliases(s, stored, at, events):
                     ended.append((alias[ID], alias[STATUS_COL]))
-            lease = one.lease
-            log.append(
-                (
-                    seq, lease.task_id, lease.attempt, lease.worker_id,
-                    as_stored(one.started_at), as_stored(one.finished_at), outcome,
-                    None if outcome == _COMPLETED else one.error,
-                )
-            )  # fmt: skip
+            log.append(_attempt_literals(literal, seq, one.lease, one, outcome))
             results[index] = after
     if at is None:
         return results
     if ended:
         await settle_dependents(s, ended, at, events)
-    await s.executemany(sql.INSERT_ATTEMPT, log)
+    if log:
+        s.defer(sql.INSERT_ATTEMPTS + ", ".join(log))
     await append_events(s, events)
     return results
 

@@ -15,7 +15,7 @@ Conventions:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from taskmill.lifecycle import (
@@ -33,7 +33,7 @@ from taskmill.sql.lifecycle import Sources, literal, set_clause
 from taskmill.sql.rows import ATTEMPT_COLUMN_NAMES, TASK_COLUMN_NAMES
 from taskmill.storage import FinishKind
 
-from taskmill_mysql.rows import TASK_COLUMNS, as_stored
+from taskmill_mysql.rows import FENCE_COLUMN_NAMES, TASK_COLUMNS, TASK_JSON, as_stored
 
 __all__ = ["DIALECT", "filter_sql", "marks"]
 
@@ -74,7 +74,6 @@ LEASE_CLEARED: Final = "worker_id = NULL, lease_expires_at = NULL"
 
 # -- tasks ---------------------------------------------------------------------------
 
-INSERT_ROW: Final = "(%s, %s, 'pending', %s, %s, %s, %s, %s, '{}', %s, %s, %s, %s, %s, %s, %s)"
 INSERT_PREFIX: Final = (
     "INSERT INTO tasks (id, task_type, status, created_at, run_at, updated_at, app_id, "
     "params, data, priority, max_retries, dedupe_key, alias_of, parent_id, user_id, "
@@ -99,15 +98,27 @@ def select_tasks_by_id(n: int) -> str:
     return f"SELECT {TASK_COLUMNS} FROM tasks WHERE id IN ({marks(n)})"
 
 
+INSERTED_SEQS: Final = (
+    "SELECT LAST_INSERT_ID(), @@auto_increment_increment, (SELECT seq FROM tasks WHERE id = %s)"
+)
+"""Right after a multi-row ``INSERT INTO tasks``: the seq of its first row, the step
+between seqs, and the seq of its last row (by that row's id). InnoDB reserves the
+values of such a "simple insert" (its row count is known) at once and gives them in
+row order, so its seqs are first, first + step, ... last; should the last one say
+otherwise, the seqs are read by id (:func:`select_seqs_by_id`)."""
+
+
 def select_seqs_by_id(n: int) -> str:
     return f"SELECT id, seq FROM tasks WHERE id IN ({marks(n)})"
 
 
 FENCE: Final = "id = %s AND status = 'running' AND worker_id = %s AND attempts = %s"
-INSERT_ATTEMPT: Final = (
+INSERT_ATTEMPTS: Final = (
     "INSERT INTO attempts (task_seq, task_id, number, worker_id, started_at, finished_at, "
-    "outcome, error) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+    "outcome, error) VALUES "
 )
+"""An execution-log ``INSERT``, followed by its rendered rows."""
+INSERT_ATTEMPT: Final = f"{INSERT_ATTEMPTS}(%s, %s, %s, %s, %s, %s, %s, %s)"
 LOCK_ALIASES: Final = (
     "SELECT seq FROM tasks WHERE alias_of = %s AND status = 'pending' ORDER BY seq FOR UPDATE"
 )
@@ -130,12 +141,20 @@ LOCK_RUNNING: Final = (
 )
 """Lock the RUNNING rows among some ids (formatted with their placeholders)."""
 LOCK_FINISHING: Final = (
-    f"SELECT {TASK_COLUMNS}, NOW(6) FROM tasks WHERE id IN ({{}}) AND status = 'running' FOR UPDATE"
+    f"SELECT {TASK_JSON}, NOW(6) FROM tasks WHERE id IN ({{}}) AND status = 'running' FOR UPDATE"
 )
 """A finish's first statement: the snapshots of the RUNNING rows among some ids
-(formatted with their placeholders), locked, each followed by the store clock, so that
+(formatted with their placeholders; as :data:`~taskmill_mysql.rows.TASK_JSON`),
+locked, each followed by the store clock, so that
 a finish reads the clock without a round trip of its own (a finish that locks nothing
 writes nothing, and needs no clock)."""
+LOCK_FINISHING_FENCE: Final = (
+    f"SELECT JSON_ARRAY({', '.join(FENCE_COLUMN_NAMES)}), NOW(6) FROM tasks "
+    "WHERE id IN ({}) AND status = 'running' FOR UPDATE"
+)
+""":data:`LOCK_FINISHING` for a finish that builds no snapshots: only the columns it
+reads itself (:data:`~taskmill_mysql.rows.FENCE_COLUMN_NAMES`, as one JSON array,
+read by :func:`~taskmill_mysql.rows.fence_from_json`), then the store clock."""
 FINISH_COLUMNS: Final = (
     "seq", "later", "result", "error", "reason", "data", "has_progress", "done", "total",
     "message",
@@ -151,7 +170,6 @@ _FINISH_PROGRESS: Final = (
     "t.progress_message = IF(v.has_progress, v.message, t.progress_message)"
 )
 """A terminal finish keeps the attempt's last progress; a requeue resets it instead."""
-_finish_sql_cache: dict[tuple[FinishKind, int], str] = {}
 
 
 def _qualified(assignments: str) -> str:
@@ -160,30 +178,30 @@ def _qualified(assignments: str) -> str:
     return ", ".join(f"t.{a.strip()}" for a in assignments.split(", "))
 
 
-def finish_sql(kind: FinishKind, rows: int) -> str:
-    """The finish of ``rows`` locked RUNNING tasks as ``kind``: one multi-table
-    ``UPDATE`` joining the batch ``v`` (a ``UNION ALL`` of one row per finish, the
-    columns of :data:`FINISH_COLUMNS`) by seq. Parameters: the batch's values, row by
-    row, then now (once per use in the SET list, see :func:`finish_now_count`)."""
-    cached = _finish_sql_cache.get((kind, rows))
-    if cached is not None:
-        return cached
-    first = "SELECT " + ", ".join(f"%s AS {c}" for c in FINISH_COLUMNS)
-    more = " UNION ALL SELECT " + ", ".join(["%s"] * len(FINISH_COLUMNS))
-    sets = _qualified(set_clause(FINISHES[kind], _FINISH_SOURCES))
-    progress = "" if FINISHES[kind].requeues else _FINISH_PROGRESS
-    text = (
-        f"UPDATE tasks AS t JOIN ({first}{more * (rows - 1)}) AS v ON t.seq = v.seq "
-        f"SET {sets}, t.updated_at = %s, t.worker_id = NULL, t.lease_expires_at = NULL, "
-        f"t.data = IFNULL(v.data, t.data){progress}"
+_FINISH_SETS: Final = {
+    kind: (
+        f"SET {_qualified(set_clause(t, _FINISH_SOURCES))}, t.updated_at = %s, "
+        "t.worker_id = NULL, t.lease_expires_at = NULL, t.data = IFNULL(v.data, t.data)"
+        + ("" if t.requeues else _FINISH_PROGRESS)
     )
-    _finish_sql_cache[(kind, rows)] = text
-    return text
+    for kind, t in FINISHES.items()
+}
+"""Per finish kind, the ``SET`` list of :func:`finish_sql`, whose only placeholders
+are the store clock's (``%s``)."""
+assert all(text.count("%") == text.count("%s") for text in _FINISH_SETS.values())
 
 
-def finish_now_count(kind: FinishKind) -> int:
-    """How many times :func:`finish_sql`'s SET list takes the store clock."""
-    return set_clause(FINISHES[kind], _FINISH_SOURCES).count("%s") + 1
+def finish_sql(kind: FinishKind, rows: Sequence[Sequence[str]], now: str) -> str:
+    """The finish of some locked RUNNING tasks as ``kind``: one multi-table ``UPDATE``
+    joining the batch ``v`` (a ``UNION ALL`` of one ``SELECT`` per finish) by seq.
+    ``rows`` are the finishes' values (:data:`FINISH_COLUMNS`) and ``now`` the store
+    clock, all as SQL literals."""
+    first = ", ".join(
+        f"{value} AS {name}" for value, name in zip(rows[0], FINISH_COLUMNS, strict=True)
+    )
+    more = "".join([" UNION ALL SELECT " + ", ".join(row) for row in rows[1:]])
+    sets = _FINISH_SETS[kind].replace("%s", now)
+    return f"UPDATE tasks AS t JOIN (SELECT {first}{more}) AS v ON t.seq = v.seq {sets}"
 
 
 RENEW: Final = "UPDATE tasks SET lease_expires_at = %s WHERE seq IN ({})"
@@ -240,7 +258,8 @@ writes is applied to the rows in Python by :func:`taskmill_mysql.rows.claimed_ro
 
 def claim_select(app_key: bool, excluded: int, min_priority: bool) -> str:
     """Pick (and lock, skipping rows other claims hold) one handler key's best due tasks
-    through ``tasks_claim``, their whole snapshots (the claim's ``UPDATE`` is then
+    through ``tasks_claim``, their whole snapshots (as
+    :data:`~taskmill_mysql.rows.TASK_JSON`; the claim's ``UPDATE`` is then
     applied to them in Python, :func:`taskmill_mysql.rows.claimed_row`, instead of
     being read back): parameters task type, [app id | excluded apps], now, [min
     priority], limit."""
@@ -252,7 +271,7 @@ def claim_select(app_key: bool, excluded: int, min_priority: bool) -> str:
         app = ""
     prio = " AND priority >= %s" if min_priority else ""
     return (
-        f"SELECT {TASK_COLUMNS} FROM tasks FORCE INDEX (tasks_claim) WHERE claim_type = %s{app} "
+        f"SELECT {TASK_JSON} FROM tasks FORCE INDEX (tasks_claim) WHERE claim_type = %s{app} "
         f"AND run_at <= %s{prio} ORDER BY claim_rank, seq LIMIT %s FOR UPDATE SKIP LOCKED"
     )
 
@@ -270,7 +289,15 @@ EVENT_CURSOR_DRAW: Final = "UPDATE event_cursor SET value = LAST_INSERT_ID(value
 the last seq drawn is left in the session's ``LAST_INSERT_ID()`` for the events'
 ``INSERT`` (:data:`EVENT_ROW`) that follows it."""
 EVENT_CURSOR: Final = "SELECT value FROM event_cursor WHERE id = 1"
-INSERT_EVENTS: Final = "INSERT INTO events (seq, task_seq, task_id, kind, status, at) VALUES "
+_EVENTS_INTO: Final = "INSERT INTO events (seq, task_seq, task_id, kind, status, at) "
+INSERT_EVENTS: Final = f"{_EVENTS_INTO}VALUES "
+INSERT_ENQUEUED_EVENTS: Final = (
+    f"{_EVENTS_INTO}SELECT LAST_INSERT_ID() - %s + (seq - %s) DIV %s, seq, id, "
+    "'enqueued', 'pending', %s FROM tasks WHERE seq BETWEEN %s AND %s"
+)
+"""The ENQUEUED events of the tasks one multi-row ``INSERT`` stored, copied from their
+rows (parameters: how many seqs before the last one drawn the first event's is, the
+first task seq, the step between task seqs, at, the first and the last task seq)."""
 EVENT_ROW: Final = "(LAST_INSERT_ID() - %s, %s, %s, %s, %s, %s)"
 """One event: how many seqs before the last one drawn (:data:`EVENT_CURSOR_DRAW` in
 the same transaction), task seq, task id, kind, status, at."""

@@ -21,6 +21,7 @@ Design (docs/backends.md, "MySQL / MariaDB", has the reasoning and the plans):
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final, Self, TypeVar
@@ -57,6 +58,9 @@ __all__ = ["MySQLStorage"]
 T = TypeVar("T")
 A = TypeVar("A")
 _DEDUPE_RACES: Final = 8
+_DUPLICATE_IN: Final = re.compile(r"for key '(?:tasks\.)?(\w+)'$")
+"""The unique index a duplicate-key message ends with: MariaDB writes ``'tasks_id'``,
+MySQL 8 ``'tasks.tasks_id'`` (the refused value, before it, may hold anything)."""
 
 
 class MySQLStorage(TaskStorage):
@@ -194,23 +198,30 @@ class MySQLStorage(TaskStorage):
         looked up under a share lock; an enqueue that loses the race for a new leader
         (the unique ``dedupe_leader`` index refuses its row) is run again and becomes
         an alias. Ids already stored follow the duplicate-id rule
-        (:func:`~taskmill.lifecycle.split_taken`); an id committed concurrently makes the
-        unique ``tasks_id`` index refuse the row, and the run again returns that task.
+        (:func:`~taskmill.lifecycle.split_taken`): a stored id (or one committed
+        concurrently) makes the unique ``tasks_id`` index refuse the row, and the run
+        again, which reads the stored tasks among its ids first, returns that task.
 
         :returns: the stored snapshots, in the order given.
         """
         if not tasks:
             return []
+        # Ids are looked up only once the unique index has refused one (or when the
+        # call names an id twice): a bulk enqueue of new ids reads nothing first.
+        look_up_ids = len({new.id for new in tasks}) < len(tasks)
         for race in range(_DEDUPE_RACES):
             try:
-                return await self._write(operations.enqueue, tasks)
+                return await self._write(operations.enqueue, (tasks, look_up_ids))
             except pymysql.err.IntegrityError as exc:
-                text = str(exc)
+                refused_by = _DUPLICATE_IN.search(str(exc.args[-1]))
+                index = refused_by.group(1) if refused_by else None
+                taken_id = index == "tasks_id"
                 lost_race = error_code(exc) == DUPLICATE_KEY and (
-                    "dedupe_leader" in text or "'tasks_id'" in text
+                    index == "tasks_dedupe_leader" or taken_id
                 )
                 if not lost_race or race == _DEDUPE_RACES - 1:
                     raise self._db.unavailable(exc) from exc
+                look_up_ids = look_up_ids or taken_id
         raise AssertionError("unreachable")
 
     async def claim_batch(self, request: ClaimRequest) -> list[Task]:
@@ -230,6 +241,14 @@ class MySQLStorage(TaskStorage):
         if not finishes:
             return []
         return await self._write(operations.finish, finishes)
+
+    async def finish_batch_applied(self, finishes: Sequence[Finish]) -> list[bool]:
+        """:meth:`finish_batch` without the snapshots: the same changes in one
+        transaction, and per finish whether it was applied. The locking read takes
+        only the fence and alias columns, and no snapshot is built."""
+        if not finishes:
+            return []
+        return await self._write(operations.finish_applied, finishes)
 
     async def renew_leases(
         self, leases: Sequence[Lease], lease_seconds: float
