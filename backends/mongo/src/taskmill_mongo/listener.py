@@ -314,10 +314,18 @@ class MongoChangeListener(ChangeListener):
         """Follow ``stream`` until it ends (an invalidate event: the collection was
         dropped) or fails."""
         deadline = self.max_await + self.ping_interval
+        first = True
         while stream.alive:
             asked = time.monotonic()
             async with asyncio.timeout(deadline):
                 change = await stream.try_next()
+            if first:
+                # The stream's first answer: from here on the server reports to it for
+                # certain. A server may fix a stream's start at its first getMore, not
+                # at its opening (which already woke the waiters), and a change
+                # committed in between would be in neither: its waiters look again.
+                first = False
+                self._waiters.wake(COLLECTIONS[name])
             token = stream.resume_token
             if change is not None and change.get("operationType") == "invalidate":
                 self._tokens[name] = None  # nothing can resume after it: start afresh
