@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,47 @@ async def test_an_unreachable_store_is_logged_as_one_line_per_retry_without_a_tr
         await wait_until(completed, timeout=30)
         await worker.stop(grace=5)
         await running
+
+
+async def test_a_worker_relying_on_notifications_retries_a_failed_claim_within_a_second(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """A worker whose poll is long (it relies on its store's notifications, or is just
+    set to poll rarely) retries a failed claim from a short pause, not after a whole
+    poll interval: once the store is back it claims within about a second."""
+    path = tmp_path / "outage.db"
+    url = f"sqlite:///{path}?busy_timeout=0.05"
+    async with Taskmill(url, plugins=False) as tm:
+
+        @tm.handler("quick")
+        async def quick(ctx: Context, params: dict) -> str:
+            return "done"
+
+        task = await tm.enqueue("quick")
+        blocker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        blocker.execute("BEGIN EXCLUSIVE")
+        caplog.set_level(logging.WARNING, logger="taskmill")
+        worker = tm.worker(handle_signals=False, min_poll_interval=300, poll_interval=300)
+        running = asyncio.create_task(worker.run())
+        try:
+
+            async def failed_once() -> bool:
+                return any(r.getMessage().startswith("claiming failed") for r in caplog.records)
+
+            await wait_until(failed_once, timeout=30)
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        back = time.monotonic()
+
+        async def completed() -> bool:
+            done = await tm.get(task.id)
+            return done is not None and done.status is TaskStatus.COMPLETED
+
+        await wait_until(completed, timeout=60)
+        took = time.monotonic() - back
+        await worker.stop(grace=5)
+        await running
+    # Backoff from 0.05 s: the retries after the lock is gone come within seconds (the
+    # old pause was min_poll_interval, 300 s here, so this waited out the deadline).
+    assert took < 20, took

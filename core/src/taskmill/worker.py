@@ -441,26 +441,37 @@ class Worker:
     async def _claim_loop(self, *, until_idle: bool) -> None:
         assert self._wake is not None
         poll = self.min_poll_interval
+        retry = _LISTEN_RETRY
         while not self._stopping:
             self._wake.clear()
+            failed = False
             try:
                 claimed, drained = await self._fill_slots()
             except Exception:
-                log_retried_failure(log, "claiming failed; retrying in %.1f s", poll)
-                claimed, drained = 0, True
-                poll = min(self.poll_interval, poll * 2)
+                log_retried_failure(log, "claiming failed; retrying in %.2f s", retry)
+                claimed, drained, failed = 0, True, True
             if claimed:
                 poll = self.min_poll_interval
             has_free = self.held < self.concurrency + self.prefetch
             if claimed and has_free and not drained:
                 continue  # a full batch came back: there may be more
             timeout: float | None = poll if has_free else None
+            if failed:
+                # A failed claim (the store is down or restarting) is retried from a
+                # short pause, doubling up to poll_interval: not from the poll pace,
+                # which a worker relying on notifications sets long. Its listener may
+                # have reported the store's return already, while this claim failed.
+                timeout = retry
+                retry = min(max(self.poll_interval, _LISTEN_RETRY), retry * 2)
+            else:
+                retry = _LISTEN_RETRY
             # Only a claim that found nothing can mean idle: asking the store when work
             # is next due is a query of its own (on SQLite a scan of pending tasks).
             if (
                 until_idle
                 and drained
                 and not claimed
+                and not failed  # a claim that failed says nothing about idleness
                 and not self._running
                 and not self._queued
                 and (not self._finishes)
@@ -482,7 +493,8 @@ class Worker:
                 timeout = max(self.min_poll_interval, min(due_in, self.poll_interval))
             if await wait_event(self._wake, timeout):
                 continue
-            poll = min(self.poll_interval, poll * 2)
+            if not failed:
+                poll = min(self.poll_interval, poll * 2)
 
     def served_handlers(self) -> list[Handler]:
         """The handlers this worker claims for: the registry's, narrowed by
