@@ -106,8 +106,11 @@ def _cancel_soon(future: asyncio.Future[None]) -> None:
         future.get_loop().call_soon_threadsafe(future.cancel)
 
 
-# The first pause before waiting on the change listener again after a failed wait.
+# The first pause before waiting on the change listener again after a failed wait (and
+# before claiming again after a failed claim).
 _LISTEN_RETRY = 0.05
+# The longest pause between claims while claiming fails (a store outage).
+_CLAIM_RETRY_CAP = 5.0
 
 
 def _run_in_thread(loop: asyncio.AbstractEventLoop, call: Callable[[], Any]) -> asyncio.Future[Any]:
@@ -458,11 +461,11 @@ class Worker:
             timeout: float | None = poll if has_free else None
             if failed:
                 # A failed claim (the store is down or restarting) is retried from a
-                # short pause, doubling up to poll_interval: not from the poll pace,
-                # which a worker relying on notifications sets long. Its listener may
-                # have reported the store's return already, while this claim failed.
+                # short pause, doubling up to 5 s (or poll_interval if shorter): not at
+                # the poll pace, which a worker relying on notifications sets long. Its
+                # listener may have reported the store's return while this claim failed.
                 timeout = retry
-                retry = min(max(self.poll_interval, _LISTEN_RETRY), retry * 2)
+                retry = min(self.poll_interval, _CLAIM_RETRY_CAP, retry * 2)
             else:
                 retry = _LISTEN_RETRY
             # Only a claim that found nothing can mean idle: asking the store when work
