@@ -43,7 +43,7 @@ from taskmill_postgres import schema as pg_schema
 from taskmill_postgres.options import redact
 
 from tests.conftest import POSTGRES_URL, drop_schema, new_schema_name
-from tests.test_server_multiprocess import run_together
+from tests.process_support import run_together
 
 
 class PostgresMigrations(SchemaMigrations):

@@ -20,7 +20,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,6 +31,7 @@ from taskmill.errors import StorageUnavailable
 from taskmill.testing import wait_until
 
 from tests.conftest import skip_or_fail
+from tests.process_support import run_together
 from tests.test_multiprocess_sqlite import Cluster, lines_appear, wait_exit
 
 pytestmark = pytest.mark.slow
@@ -216,37 +216,6 @@ _MIGRATE = _READY_THEN.format(
         "    print(await storage.from_url(sys.argv[1]).migrate())"
     )
 )
-
-
-def run_together(script: str, *args: str, processes: int) -> list[str]:
-    """Start ``processes`` runs of ``script`` (which prints ``ready`` and waits for a
-    line on stdin), release them at once, return the last line each printed."""
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", script, *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(processes)
-    ]
-    try:
-        for proc in procs:
-            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        outputs = [proc.communicate(timeout=120) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for proc, (_, err) in zip(procs, outputs, strict=True):
-        assert proc.returncode == 0, err
-    return [out.strip().splitlines()[-1] for out, _ in outputs]
 
 
 async def test_concurrent_enqueues_of_one_dedupe_key_from_four_processes_make_one_leader(

@@ -12,8 +12,6 @@ import asyncio
 import json
 import random
 import sqlite3
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -34,6 +32,8 @@ from taskmill.model import (
 )
 from taskmill.storage import ClaimRequest, FinishKind, NewTask, TaskStorage
 from taskmill.testing import claim, finish, lease_of, new_task, wait_until
+
+from tests.process_support import run_together
 
 
 def url_of(path: Path) -> str:
@@ -103,32 +103,8 @@ def test_concurrent_enqueues_of_one_key_from_processes_yield_one_leader(tmp_path
     url = url_of(tmp_path / "dedupe.db")
     asyncio.run(_create(url))  # the schema exists before the processes race
     processes, each = 4, 25
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", _ENQUEUER, url, str(each)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(processes)
-    ]
-    try:
-        for proc in procs:  # every process is connected before any enqueues
-            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        results = [proc.communicate(timeout=120) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for proc, (_, err) in zip(procs, results, strict=True):
-        assert proc.returncode == 0, err
-    reported = [row for out, _ in results for row in json.loads(out.strip().splitlines()[-1])]
+    lasts = run_together(_ENQUEUER, url, str(each), processes=processes)
+    reported = [row for last in lasts for row in json.loads(last)]
     assert len(reported) == processes * each
 
     tasks, events = asyncio.run(_read_back(url))

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sqlite3
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from taskmill import Context, Taskmill, TaskStatus
+from taskmill import Context, Task, Taskmill, TaskStatus
 from taskmill.testing import wait_until
 
 
@@ -43,7 +45,6 @@ async def test_stop_returns_while_the_database_is_locked_and_the_task_is_rescued
             await asyncio.wait_for(running, 10)
         finally:
             blocker.execute("ROLLBACK")
-            blocker.close()
 
         # The interrupted attempt could not be written: the task is still RUNNING under
         # the dead worker's lease, and another worker rescues and completes it.
@@ -64,15 +65,14 @@ async def test_stop_returns_while_the_database_is_locked_and_the_task_is_rescued
         assert done.attempts == 2
 
 
-async def test_an_unreachable_store_is_logged_as_one_line_per_retry_without_a_traceback(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-):
-    """While the store cannot be used (here: another connection holds SQLite's write
-    lock), each failed claim is one WARNING line with the store's message, not a
-    traceback; and the worker carries on once the store is back."""
+@contextlib.asynccontextmanager
+async def _store_with_a_quick_task(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[Taskmill, Task, sqlite3.Connection]]:
+    """A SQLite store with one task of a quick handler, whose write lock another
+    connection (the third item: ROLLBACK it to end the outage) holds from the start."""
     path = tmp_path / "outage.db"
-    url = f"sqlite:///{path}?busy_timeout=0.05"
-    async with Taskmill(url, plugins=False) as tm:
+    async with Taskmill(f"sqlite:///{path}?busy_timeout=0.05", plugins=False) as tm:
 
         @tm.handler("quick")
         async def quick(ctx: Context, params: dict) -> str:
@@ -81,6 +81,21 @@ async def test_an_unreachable_store_is_logged_as_one_line_per_retry_without_a_tr
         task = await tm.enqueue("quick")
         blocker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         blocker.execute("BEGIN EXCLUSIVE")
+        try:
+            yield tm, task, blocker
+        finally:
+            if blocker.in_transaction:
+                blocker.execute("ROLLBACK")
+            blocker.close()
+
+
+async def test_an_unreachable_store_is_logged_as_one_line_per_retry_without_a_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """While the store cannot be used (here: another connection holds SQLite's write
+    lock), each failed claim is one WARNING line with the store's message, not a
+    traceback; and the worker carries on once the store is back."""
+    async with _store_with_a_quick_task(tmp_path) as (tm, task, blocker):
         caplog.set_level(logging.WARNING, logger="taskmill")
         worker = tm.worker(handle_signals=False, min_poll_interval=0.01, poll_interval=0.05)
         running = asyncio.create_task(worker.run())
@@ -95,7 +110,6 @@ async def test_an_unreachable_store_is_logged_as_one_line_per_retry_without_a_tr
             await wait_until(retried, timeout=30)
         finally:
             blocker.execute("ROLLBACK")
-            blocker.close()
         for record in failures():
             assert record.levelno == logging.WARNING
             assert record.exc_info is None
@@ -116,17 +130,7 @@ async def test_a_worker_relying_on_notifications_retries_a_failed_claim_within_a
     """A worker whose poll is long (it relies on its store's notifications, or is just
     set to poll rarely) retries a failed claim from a short pause, not after a whole
     poll interval: once the store is back it claims within about a second."""
-    path = tmp_path / "outage.db"
-    url = f"sqlite:///{path}?busy_timeout=0.05"
-    async with Taskmill(url, plugins=False) as tm:
-
-        @tm.handler("quick")
-        async def quick(ctx: Context, params: dict) -> str:
-            return "done"
-
-        task = await tm.enqueue("quick")
-        blocker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        blocker.execute("BEGIN EXCLUSIVE")
+    async with _store_with_a_quick_task(tmp_path) as (tm, task, blocker):
         caplog.set_level(logging.WARNING, logger="taskmill")
         worker = tm.worker(handle_signals=False, min_poll_interval=300, poll_interval=300)
         running = asyncio.create_task(worker.run())
@@ -138,7 +142,6 @@ async def test_a_worker_relying_on_notifications_retries_a_failed_claim_within_a
             await wait_until(failed_once, timeout=30)
         finally:
             blocker.execute("ROLLBACK")
-            blocker.close()
         back = time.monotonic()
 
         async def completed() -> bool:
