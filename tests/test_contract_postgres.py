@@ -13,6 +13,7 @@ from datetime import datetime
 import asyncpg
 import pytest
 from attrs import evolve
+from taskmill.cursors import position_token
 from taskmill.discovery import storage_for_url
 from taskmill.errors import InvalidTaskSpec, InvalidURL, SchemaVersionError, StorageUnavailable
 from taskmill.model import (
@@ -770,3 +771,42 @@ async def test_a_listener_cannot_open_on_an_unreachable_server():
     store = PostgresStorage.from_url("postgresql://u:pw@127.0.0.1:1/db", connect_timeout=2)
     with pytest.raises(StorageUnavailable, match=r"127\.0\.0\.1:1/db"):
         await store.change_listener()
+
+
+async def test_pooled_connections_keep_no_session_state_between_operations(
+    store: PostgresStorage,
+):
+    """The pool does not reset a released connection (that was a round trip per
+    operation): this holds only because no operation leaves session state behind. After
+    every kind of hot-path and control operation, each pooled connection has no open
+    transaction, no advisory lock, no LISTEN, no open cursor and its default
+    search_path."""
+    (task,) = await store.enqueue([new_task()])
+    await store.enqueue([new_task("keyed", dedupe_key="k"), new_task("keyed", dedupe_key="k")])
+    claimed = await store.claim_batch(claim_request(limit=10))
+    await store.renew_leases([lease_of(t) for t in claimed], 60)
+    await store.finish_batch_applied([finish_of(t) for t in claimed])
+    await store.cancel(task_ids=[task.id])
+    await store.suspend(SuspensionScope("job"))
+    await store.resume(SuspensionScope("job"))
+    await store.read_events(position_token(0), limit=100)
+    assert store._pool is not None
+    default_path = await store._pool.fetchval(
+        "SELECT reset_val FROM pg_settings WHERE name = 'search_path'"
+    )
+    seen: set[int] = set()
+    for _ in range(store._pool.get_size() * 2):
+        async with store._pool.acquire() as conn:
+            seen.add(conn.get_server_pid())
+            assert not conn.is_in_transaction()
+            state = await conn.fetchrow(
+                "SELECT (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                " AND pid = pg_backend_pid()) AS locks,"
+                " (SELECT count(*) FROM pg_listening_channels()) AS channels,"
+                " (SELECT count(*) FROM pg_cursors WHERE name <> '') AS cursors,"
+                " current_setting('search_path') AS path"
+            )
+            assert state is not None
+            assert (state["locks"], state["channels"], state["cursors"]) == (0, 0, 0)
+            assert state["path"] == default_path
+    assert seen, "no pooled connection was checked"
