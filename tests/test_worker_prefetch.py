@@ -19,6 +19,7 @@ from taskmill import (
     TaskStatus,
 )
 from taskmill.testing import wait_until
+from taskmill.worker import MAX_FINISH_BATCH
 
 OPTIONS: dict[str, Any] = {
     "handle_signals": False,
@@ -147,3 +148,45 @@ async def test_tick_claims_into_free_slots_only(tm: Taskmill):
     worker = tm.worker(concurrency=3, reserved_high_priority_slots=0, prefetch=50, **OPTIONS)
     assert await worker.tick() == 3
     assert worker.queued == 0 and worker.held == 0
+
+
+async def test_claims_resume_while_a_backlog_of_outcomes_is_still_being_written():
+    """Each written batch of outcomes frees its slots at once: with a backlog larger
+    than one write, the worker claims into the freed slots while the rest of the
+    backlog is written, instead of leaving the store's claim side idle until the whole
+    backlog is written (which halved PostgreSQL throughput at concurrency 100)."""
+    async with Taskmill("memory://", plugins=False) as tm:
+
+        @tm.handler("noop")
+        async def noop(ctx: Context, params: dict) -> None:
+            return None
+
+        storage = tm.storage
+        writing = 0
+        claims_during_writes = 0
+        claim_batch, finish_batch_applied = storage.claim_batch, storage.finish_batch_applied
+
+        async def slow_finish(finishes: Any) -> Any:
+            nonlocal writing
+            writing += 1
+            try:
+                await asyncio.sleep(0.05)  # a store slower to write than to claim
+                return await finish_batch_applied(finishes)
+            finally:
+                writing -= 1
+
+        async def counted_claim(request: Any) -> Any:
+            nonlocal claims_during_writes
+            claims_during_writes += writing > 0
+            return await claim_batch(request)
+
+        storage.finish_batch_applied = slow_finish  # type: ignore[method-assign]
+        storage.claim_batch = counted_claim  # type: ignore[method-assign]
+        await tm.enqueue_many([{"task_type": "noop"} for _ in range(2400)])
+        # The window gathers every outcome of a claim into one backlog of 1,200: more
+        # than one write (MAX_FINISH_BATCH) carries.
+        assert MAX_FINISH_BATCH < 1200
+        worker = tm.worker(concurrency=600, prefetch=600, finish_window=0.2, **OPTIONS)
+        await worker.run_until_idle()
+        assert worker.processed == 2400
+        assert claims_during_writes > 0

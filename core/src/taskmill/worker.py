@@ -946,6 +946,10 @@ class Worker:
             # Only now: a shutdown waiting for the flush also waits for the
             # notifications, so that no plugin hears of a worker stop before its tasks.
             self._flushing = False
+            if self._wake is not None:
+                # The written batch freed its slots: claim into them now, while the
+                # next batch is written, not after the whole backlog.
+                self._wake.set()
         self._flushed.set()
         if self._wake is not None:
             self._wake.set()
