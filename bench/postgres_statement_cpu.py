@@ -1,0 +1,233 @@
+"""The server's CPU and WAL per task of the two hot statements, claim and finish, alone.
+
+No worker runs: each round enqueues ``--tasks`` tasks in a schema of its own, claims
+them all with ``claim_batch`` in calls of ``--batch``, then finishes them all
+(COMPLETE) with ``finish_batch_applied`` in calls of ``--batch``, one call at a time.
+Over each phase it reads the server's CPU time from ``/proc`` (the postmaster and every
+process it forked, as ``postgres_cpu_split.py`` does: run as root or as the server's
+user, on the server's machine) and the WAL it wrote (``pg_current_wal_insert_lsn``).
+
+``--variant`` (repeatable; rounds alternate them) changes what the statements do, to
+price their parts. These are diagnostic edits of the statement text, never a setting:
+
+- ``base``: the statements as shipped;
+- ``no-dependents``: the finish without its ``settle_dependents`` call;
+- ``no-attempts``: the finish without its execution-log insert;
+- ``no-events``: the claim and the finish without their event inserts;
+- ``default-collation``: the key columns of ``tasks`` back to the database's default
+  collation (what schema 6 changed to "C").
+
+Recorded in ``bench/results/postgres-statement-cpu-<date>.json``. See
+docs/benchmarks.md ("Issue 15: flow between claims and finishes").
+
+    uv run python bench/postgres_statement_cpu.py --url "$TASKMILL_TEST_POSTGRES_URL" \\
+        --variant base --variant no-events --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from taskmill import Taskmill
+from taskmill.model import AttemptOutcome, Task
+from taskmill.storage import ClaimRequest, Finish, FinishKind, Lease
+from taskmill_postgres import PostgresStorage
+from taskmill_postgres.statements import ClaimShape
+
+sys.path.insert(1, str(Path(__file__).resolve().parent))
+
+import postgres_prefetch_ab as ab
+from postgres_cpu_split import ServerClock
+
+BENCH_DIR = Path(__file__).resolve().parent
+VARIANTS = ("base", "no-dependents", "no-attempts", "no-events", "default-collation")
+KEY_COLUMNS = ("id", "task_type", "app_id", "dedupe_key", "alias_of", "parent_id")
+
+
+def _edit_finish(sql: str, variant: str) -> str:
+    if variant == "no-dependents":
+        sql = sql.replace(" WHERE (SELECT count(*) FROM dp) >= 0", "")
+        sql = re.sub(r" dp AS MATERIALIZED \(.*?\) AS x\),", " ", sql)
+    elif variant == "no-attempts":
+        sql = re.sub(r" log AS \(INSERT INTO .*?ORDER BY d\.ord\),", " ", sql)
+    elif variant == "no-events":
+        sql = sql[: sql.index(" ev AS (INSERT")].rstrip(",") + " SELECT ord FROM done"
+    return sql
+
+
+def _edit_claim(build: Callable[[ClaimShape], str], variant: str) -> Callable[[ClaimShape], str]:
+    if variant != "no-events":
+        return build
+
+    def edited(shape: ClaimShape) -> str:
+        sql = build(shape)
+        head, _, _ = sql.partition(" ev AS (INSERT")
+        return head.rstrip(",") + " SELECT * FROM claimed"
+
+    return edited
+
+
+async def one_round(url: str, data_directory: str, variant: str, tasks: int, batch: int) -> Any:
+    schema = f"bench_stmt_{uuid.uuid4().hex[:8]}"
+    tm = Taskmill(ab.with_schema(url, schema), plugins=False)
+    admin = await asyncpg.connect(ab.plain_dsn(url))
+    clock = ServerClock(data_directory)
+    try:
+        async with tm:
+            store = tm.storage
+            assert isinstance(store, PostgresStorage)
+            sql = store.sql
+            sql.finish_applied = _edit_finish(sql.finish_applied, variant)
+            sql._build_claim = _edit_claim(sql._build_claim, variant)  # type: ignore[method-assign,assignment]
+            sql._claim_cache.clear()
+            if variant == "default-collation":
+                await admin.execute(
+                    f"ALTER TABLE {schema}.tasks "
+                    + ", ".join(
+                        f'ALTER COLUMN {c} TYPE text COLLATE "default"' for c in KEY_COLUMNS
+                    )
+                )
+            for first in range(0, tasks, 1000):
+                await tm.enqueue_many(
+                    [
+                        {"task_type": "noop", "params": {"i": i}}
+                        for i in range(first, min(tasks, first + 1000))
+                    ]
+                )
+            request = ClaimRequest(
+                worker_id="bench", handlers={(None, "noop"): None}, limit=batch, lease_seconds=600
+            )
+            claimed: list[Task] = []
+            wal = await admin.fetchval("SELECT pg_current_wal_insert_lsn()")
+            clock.begin()
+            started = time.perf_counter()
+            while len(claimed) < tasks:
+                claimed += await store.claim_batch(request)
+            claim_wall = time.perf_counter() - started
+            claim_cpu = clock.seconds()
+            claim_wal = await admin.fetchval("SELECT pg_current_wal_insert_lsn() - $1::pg_lsn", wal)
+            now = datetime.now(UTC)
+            finishes = [
+                Finish(
+                    lease=Lease(task_id=t.id, worker_id="bench", attempt=t.attempts),
+                    kind=FinishKind.COMPLETE,
+                    outcome=AttemptOutcome.COMPLETED,
+                    started_at=now,
+                    finished_at=now,
+                    result_json="null",
+                )
+                for t in claimed
+            ]
+            wal = await admin.fetchval("SELECT pg_current_wal_insert_lsn()")
+            clock.begin()
+            started = time.perf_counter()
+            for first in range(0, tasks, batch):
+                applied = await store.finish_batch_applied(finishes[first : first + batch])
+                if not all(applied):
+                    raise RuntimeError("a finish was not applied")
+            finish_wall = time.perf_counter() - started
+            finish_cpu = clock.seconds()
+            finish_wal = await admin.fetchval(
+                "SELECT pg_current_wal_insert_lsn() - $1::pg_lsn", wal
+            )
+    finally:
+        await admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        await admin.close()
+    per_task = 1e6 / tasks
+    return {
+        "variant": variant,
+        "claim_server_cpu_us": claim_cpu * per_task,
+        "finish_server_cpu_us": finish_cpu * per_task,
+        "claim_wall_us": claim_wall * per_task,
+        "finish_wall_us": finish_wall * per_task,
+        "claim_wal_bytes": float(claim_wal) / tasks,
+        "finish_wal_bytes": float(finish_wal) / tasks,
+        "load": os.getloadavg()[0],
+    }
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default=os.environ.get("TASKMILL_TEST_POSTGRES_URL"))
+    parser.add_argument("--tasks", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--variant", action="append", choices=VARIANTS)
+    parser.add_argument("--results-dir", type=Path, default=BENCH_DIR / "results")
+    parser.add_argument("--no-record", action="store_true")
+    args = parser.parse_args()
+    if not args.url:
+        parser.error("give --url or set TASKMILL_TEST_POSTGRES_URL")
+    variants = args.variant or ["base"]
+    admin = await asyncpg.connect(ab.plain_dsn(args.url))
+    try:
+        data_directory = str(await admin.fetchval("SHOW data_directory"))
+        server = str(await admin.fetchval("SHOW server_version"))
+        collation = str(
+            await admin.fetchval(
+                "SELECT datcollate FROM pg_database WHERE datname = current_database()"
+            )
+        )
+    finally:
+        await admin.close()
+    runs: list[dict[str, Any]] = []
+    for number in range(1, args.rounds + 1):
+        for variant in variants:
+            run = await one_round(args.url, data_directory, variant, args.tasks, args.batch)
+            runs.append({"round": number, **run})
+            print(
+                f"round {number} {variant:18s} server CPU per task:"
+                f" claim {run['claim_server_cpu_us']:5.1f} us,"
+                f" finish {run['finish_server_cpu_us']:5.1f} us;"
+                f" WAL per task: claim {run['claim_wal_bytes']:.0f} B,"
+                f" finish {run['finish_wal_bytes']:.0f} B; load {run['load']:.1f}",
+                flush=True,
+            )
+    medians = {
+        variant: {
+            key: statistics.median(r[key] for r in runs if r["variant"] == variant)
+            for key in runs[0]
+            if key not in ("round", "variant", "load")
+        }
+        for variant in variants
+    }
+    for variant, values in medians.items():
+        print(variant, "median:", json.dumps({k: round(v, 1) for k, v in values.items()}))
+    if not args.no_record:
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        record = {
+            "benchmark": "postgres-statement-cpu",
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "tasks": args.tasks,
+            "batch": args.batch,
+            "variants": variants,
+            "database_collation": collation,
+            "runs": runs,
+            "medians": medians,
+            "machine": (
+                f"{os.cpu_count()} cores {platform.machine()}, Python {platform.python_version()}"
+            ),
+            "server": server,
+        }
+        args.results_dir.mkdir(exist_ok=True)
+        path = args.results_dir / f"postgres-statement-cpu-{stamp}.json"
+        path.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"recorded {path}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
