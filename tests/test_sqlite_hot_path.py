@@ -15,7 +15,7 @@ from taskmill.backends.sqlite import SQLiteStorage
 from taskmill.errors import StorageUnavailable
 from taskmill.model import Progress, TaskFilter, TaskStatus
 from taskmill.storage import ProgressUpdate
-from taskmill.testing import claim, finish, lease_of, new_task
+from taskmill.testing import claim, finish, lease_of, new_task, wait_until
 
 _DEADLINE = 10.0
 """Seconds a call gets to return; the tests check that it returns, not how fast."""
@@ -133,3 +133,46 @@ async def _renewal_behind_a_finish(store: SQLiteStorage) -> None:
         other.close()
     assert done is not None and done.status is TaskStatus.COMPLETED
     assert renewed == {}  # finished first: the lease no longer holds
+
+
+async def test_a_write_waiting_for_another_process_tries_the_lock_again_every_few_ms(
+    store: SQLiteStorage,
+):
+    """A write that finds another connection's write lock tries ``BEGIN IMMEDIATE``
+    again after 0.2 ms, doubling to 2 ms, instead of leaving it to SQLite's busy
+    handler (which sleeps 1, 2, 5, 10, 15, 20, 25... ms and holds a waiting worker's
+    slots empty for that long); ``busy_timeout`` is back in place afterwards for every
+    other statement."""
+    await store.enqueue([new_task()])
+    (task,) = await store.claim_batch(claim())
+    statements: list[str] = []
+
+    def trace(on: bool) -> None:
+        conn = store._conn
+        assert conn is not None
+        conn.set_trace_callback(statements.append if on else None)
+
+    other = sqlite3.connect(store.path, isolation_level=None)
+    await store._run(trace, True)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        finishing = asyncio.create_task(store.finish_batch([finish(task, result=1)]))
+
+        async def tried_several_times() -> bool:
+            return statements.count("BEGIN IMMEDIATE") >= 3
+
+        await wait_until(tried_several_times, timeout=_DEADLINE)
+        assert not finishing.done()
+        other.execute("ROLLBACK")
+        async with asyncio.timeout(_DEADLINE):
+            (done,) = await finishing
+    finally:
+        other.close()
+        await store._run(trace, False)
+    assert done is not None and done.status is TaskStatus.COMPLETED
+    pragmas = [s for s in statements if s.startswith("PRAGMA busy_timeout")]
+    assert pragmas == ["PRAGMA busy_timeout = 0", "PRAGMA busy_timeout = 500"]
+    # Restored right after the lock was taken: the finish's own statements follow it.
+    restored = statements.index("PRAGMA busy_timeout = 500")
+    assert statements[restored - 1] == "BEGIN IMMEDIATE"
+    assert statements[-1] == "COMMIT"

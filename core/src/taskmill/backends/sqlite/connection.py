@@ -28,6 +28,16 @@ from taskmill.errors import StorageUnavailable
 
 __all__ = ["MIN_SQLITE_VERSION", "SQLiteDatabase"]
 
+_LOCK_RETRY_FIRST: Final = 0.0002
+_LOCK_RETRY_MAX: Final = 0.002
+"""The pauses between tries for a contended write lock (see ``_begin_immediate``)."""
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc)
+    return "locked" in text or "busy" in text
+
+
 T = TypeVar("T")
 
 MIN_SQLITE_VERSION: Final = (3, 35, 0)
@@ -53,6 +63,7 @@ class SQLiteDatabase:
         self.path = os.path.abspath(path)
         self.url = url or f"sqlite:///{self.path}"
         self.busy_timeout = busy_timeout
+        self._busy_pragma = f"PRAGMA busy_timeout = {round(busy_timeout * 1000)}"
         self.synchronous = synchronous
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
@@ -172,7 +183,7 @@ class SQLiteDatabase:
         except sqlite3.Error as exc:
             raise StorageUnavailable(f"cannot open the SQLite database {path}: {exc}") from exc
         try:
-            conn.execute(f"PRAGMA busy_timeout = {round(self.busy_timeout * 1000)}")
+            conn.execute(self._busy_pragma)
             schema.user_tables(conn)  # reads the header: fails on a foreign file
         except sqlite3.DatabaseError as exc:
             conn.close()
@@ -279,7 +290,7 @@ class SQLiteDatabase:
         conn = self._conn
         if conn is None:
             raise StorageUnavailable(f"the SQLite storage {self.url} is closed")
-        conn.execute("BEGIN IMMEDIATE")
+        self._begin_immediate(conn)
         try:
             result = fn(conn, arg)
             conn.execute("COMMIT")
@@ -289,6 +300,35 @@ class SQLiteDatabase:
                     conn.execute("ROLLBACK")
             raise
         return result
+
+    def _begin_immediate(self, conn: sqlite3.Connection) -> None:
+        """``BEGIN IMMEDIATE``, waiting up to ``busy_timeout`` for another connection's
+        write lock by trying again every 0.2 ms, doubling to 2 ms.
+
+        Not SQLite's own busy handler: it sleeps 1, 2, 5, 10, 15, 20, 25, 25... ms
+        between tries, so a process whose writes are a millisecond long kept the others
+        waiting for ten or twenty, their slots empty meanwhile (two worker processes on
+        one file left a third of two cores idle; docs/benchmarks.md, "Issue 15: flow
+        between claims and finishes"). The handler stays in place for every other
+        statement: only this one is tried with ``busy_timeout`` 0, at the cost of two
+        ``PRAGMA busy_timeout`` statements per write transaction.
+        """
+        deadline = time.monotonic() + self.busy_timeout
+        delay = _LOCK_RETRY_FIRST
+        conn.execute("PRAGMA busy_timeout = 0")
+        try:
+            while True:
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                    return
+                except sqlite3.OperationalError as exc:
+                    left = deadline - time.monotonic()
+                    if not _is_busy(exc) or left <= 0:
+                        raise
+                time.sleep(min(delay, left))
+                delay = min(delay * 2, _LOCK_RETRY_MAX)
+        finally:
+            conn.execute(self._busy_pragma)
 
     def _read(self, fn: Callable[[sqlite3.Connection, Any], T], arg: Any) -> T:
         conn = self._conn
