@@ -946,9 +946,15 @@ class Worker:
             # Only now: a shutdown waiting for the flush also waits for the
             # notifications, so that no plugin hears of a worker stop before its tasks.
             self._flushing = False
-            if self._wake is not None:
-                # The written batch freed its slots: claim into them now, while the
-                # next batch is written, not after the whole backlog.
+            if self.prefetch and self._wake is not None:
+                # The written batch freed its slots: with a local queue, claim into them
+                # now, while the next batch is written, not after the whole backlog (a
+                # backlog of several writes only builds up with a local queue, and its
+                # claims wait for a quarter of the capacity, so they stay large).
+                # Without one, the claim waits for the backlog: claiming each freed slot
+                # at once made more, smaller claims, which CPU-bound sync handlers paid
+                # for in GIL hand-overs (docs/benchmarks.md, "Issue 15: flow between
+                # claims and finishes").
                 self._wake.set()
         self._flushed.set()
         if self._wake is not None:
