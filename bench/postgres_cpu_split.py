@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import resource
 import statistics
 import sys
@@ -117,13 +116,7 @@ async def one_run(
     tm.register("noop", ab.noop)
     try:
         async with tm:
-            for first in range(0, tasks, 1000):
-                await tm.enqueue_many(
-                    [
-                        {"task_type": "noop", "params": {"i": i}}
-                        for i in range(first, min(tasks, first + 1000))
-                    ]
-                )
+            await ab.enqueue_noops(tm, tasks)
             worker = tm.worker(
                 concurrency=int(concurrency),
                 prefetch=int(prefetch),
@@ -222,7 +215,6 @@ async def main() -> None:
         }
         print(setting, "median:", json.dumps({k: round(v, 1) for k, v in summary[setting].items()}))
     if not args.no_record:
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         record = {
             "benchmark": "postgres-cpu-split",
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -231,15 +223,10 @@ async def main() -> None:
             "pg_stat_statements": statements,
             "runs": runs,
             "medians": summary,
-            "machine": (
-                f"{os.cpu_count()} cores {platform.machine()}, Python {platform.python_version()}"
-            ),
+            "machine": ab.machine_line(),
             "server": await _server_version(args.url),
         }
-        args.results_dir.mkdir(exist_ok=True)
-        path = args.results_dir / f"postgres-cpu-split-{stamp}.json"
-        path.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"recorded {path}")
+        ab.write_record(args.results_dir, "postgres-cpu-split", record)
 
 
 async def _server_version(url: str) -> str:

@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import json
 import os
+import platform
 import statistics
 import subprocess
 import time
@@ -46,6 +47,44 @@ DEFAULT_SETTINGS = ["10:0:0", "10:1000:0.002", "100:0:0", "100:1000:0.002"]
 async def noop(ctx: Context, params: dict[str, Any]) -> None:
     """The benchmarked handler: does nothing, so the figures are the framework's cost."""
     return None
+
+
+async def enqueue_noops(tm: Taskmill, tasks: int) -> None:
+    """Enqueue ``tasks`` no-op tasks (``params`` ``{"i": n}``) in calls of 1,000, as
+    every PostgreSQL benchmark here does before it drains."""
+    for first in range(0, tasks, 1000):
+        await tm.enqueue_many(
+            [
+                {"task_type": "noop", "params": {"i": i}}
+                for i in range(first, min(tasks, first + 1000))
+            ]
+        )
+
+
+def write_record(results_dir: Path, name: str, document: dict[str, Any]) -> Path:
+    """Write ``document`` as ``<results_dir>/<name>-<UTC time>.json`` and say so."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    results_dir.mkdir(exist_ok=True)
+    path = results_dir / f"{name}-{stamp}.json"
+    path.write_text(json.dumps(document, indent=2) + "\n")
+    print(f"recorded {path}")
+    return path
+
+
+def medians_by(runs: list[dict[str, Any]], group: str, skip: tuple[str, ...] = ()) -> Any:
+    """Per value of ``runs``' field ``group`` (in first-seen order), the median of every
+    other numeric field of its runs, leaving out ``round`` and ``skip``."""
+    groups = list(dict.fromkeys(r[group] for r in runs))
+    fields = [k for k in runs[0] if k not in ("round", group, *skip)]
+    return {
+        g: {k: statistics.median(r[k] for r in runs if r[group] == g) for k in fields}
+        for g in groups
+    }
+
+
+def machine_line() -> str:
+    """The machine, as the records name it."""
+    return f"{os.cpu_count()} cores {platform.machine()}, Python {platform.python_version()}"
 
 
 def with_schema(url: str, schema: str) -> str:
@@ -121,13 +160,7 @@ async def taskmill_run(
     try:
         async with tm:
             started = time.perf_counter()
-            for first in range(0, tasks, 1000):
-                await tm.enqueue_many(
-                    [
-                        {"task_type": "noop", "params": {"i": i}}
-                        for i in range(first, min(tasks, first + 1000))
-                    ]
-                )
+            await enqueue_noops(tm, tasks)
             enqueue_seconds = time.perf_counter() - started
             worker = tm.worker(
                 concurrency=concurrency,

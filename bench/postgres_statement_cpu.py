@@ -30,9 +30,7 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import re
-import statistics
 import sys
 import time
 import uuid
@@ -101,13 +99,7 @@ async def one_round(url: str, data_directory: str, variant: str, tasks: int, bat
                         f'ALTER COLUMN {c} TYPE text COLLATE "default"' for c in KEY_COLUMNS
                     )
                 )
-            for first in range(0, tasks, 1000):
-                await tm.enqueue_many(
-                    [
-                        {"task_type": "noop", "params": {"i": i}}
-                        for i in range(first, min(tasks, first + 1000))
-                    ]
-                )
+            await ab.enqueue_noops(tm, tasks)
             request = ClaimRequest(
                 worker_id="bench", handlers={(None, "noop"): None}, limit=batch, lease_seconds=600
             )
@@ -197,18 +189,10 @@ async def main() -> None:
                 f" finish {run['finish_wal_bytes']:.0f} B; load {run['load']:.1f}",
                 flush=True,
             )
-    medians = {
-        variant: {
-            key: statistics.median(r[key] for r in runs if r["variant"] == variant)
-            for key in runs[0]
-            if key not in ("round", "variant", "load")
-        }
-        for variant in variants
-    }
+    medians = ab.medians_by(runs, "variant", skip=("load",))
     for variant, values in medians.items():
         print(variant, "median:", json.dumps({k: round(v, 1) for k, v in values.items()}))
     if not args.no_record:
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         record = {
             "benchmark": "postgres-statement-cpu",
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -218,15 +202,10 @@ async def main() -> None:
             "database_collation": collation,
             "runs": runs,
             "medians": medians,
-            "machine": (
-                f"{os.cpu_count()} cores {platform.machine()}, Python {platform.python_version()}"
-            ),
+            "machine": ab.machine_line(),
             "server": server,
         }
-        args.results_dir.mkdir(exist_ok=True)
-        path = args.results_dir / f"postgres-statement-cpu-{stamp}.json"
-        path.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"recorded {path}")
+        ab.write_record(args.results_dir, "postgres-statement-cpu", record)
 
 
 if __name__ == "__main__":

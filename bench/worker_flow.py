@@ -19,10 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -66,13 +63,7 @@ async def one_run(url: str, tasks: int, setting: str) -> dict[str, Any]:
     spans: dict[str, list[tuple[float, float, int]]] = {"claim": [], "finish": []}
     try:
         async with tm:
-            for first in range(0, tasks, 1000):
-                await tm.enqueue_many(
-                    [
-                        {"task_type": "noop", "params": {"i": i}}
-                        for i in range(first, min(tasks, first + 1000))
-                    ]
-                )
+            await ab.enqueue_noops(tm, tasks)
             store = tm.storage
             claim_batch, finish_batch_applied = store.claim_batch, store.finish_batch_applied
 
@@ -172,16 +163,8 @@ async def main() -> None:
                 f" machine busy {run['machine_busy']:.0%}",
                 flush=True,
             )
-    medians = {
-        s: {
-            k: statistics.median(r[k] for r in runs if r["setting"] == s)
-            for k in runs[0]
-            if k not in ("round", "setting")
-        }
-        for s in settings
-    }
+    medians = ab.medians_by(runs, "setting")
     if not args.no_record:
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         record = {
             "benchmark": "worker-flow",
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -189,14 +172,9 @@ async def main() -> None:
             "tasks": args.tasks,
             "runs": runs,
             "medians": medians,
-            "machine": (
-                f"{os.cpu_count()} cores {platform.machine()}, Python {platform.python_version()}"
-            ),
+            "machine": ab.machine_line(),
         }
-        args.results_dir.mkdir(exist_ok=True)
-        path = args.results_dir / f"worker-flow-{stamp}.json"
-        path.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"recorded {path}")
+        ab.write_record(args.results_dir, "worker-flow", record)
 
 
 if __name__ == "__main__":
