@@ -41,8 +41,9 @@ from typing import Any
 
 import asyncpg
 from taskmill import Taskmill
-from taskmill.model import AttemptOutcome, Task
-from taskmill.storage import ClaimRequest, Finish, FinishKind, Lease
+from taskmill.model import Task
+from taskmill.storage import ClaimRequest
+from taskmill.testing import finish
 from taskmill_postgres import PostgresStorage
 from taskmill_postgres.statements import ClaimShape
 
@@ -112,18 +113,7 @@ async def one_round(url: str, data_directory: str, variant: str, tasks: int, bat
             claim_wall = time.perf_counter() - started
             claim_cpu = clock.seconds()
             claim_wal = await admin.fetchval("SELECT pg_current_wal_insert_lsn() - $1::pg_lsn", wal)
-            now = datetime.now(UTC)
-            finishes = [
-                Finish(
-                    lease=Lease(task_id=t.id, worker_id="bench", attempt=t.attempts),
-                    kind=FinishKind.COMPLETE,
-                    outcome=AttemptOutcome.COMPLETED,
-                    started_at=now,
-                    finished_at=now,
-                    result_json="null",
-                )
-                for t in claimed
-            ]
+            finishes = [finish(t) for t in claimed]
             wal = await admin.fetchval("SELECT pg_current_wal_insert_lsn()")
             clock.begin()
             started = time.perf_counter()

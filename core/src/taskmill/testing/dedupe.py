@@ -37,6 +37,28 @@ class DedupeContract:
         )
         assert all(t.alias_of is None for t in tasks)
 
+    async def test_keys_types_and_apps_that_differ_in_any_byte_are_separate(
+        self, storage: TaskStorage
+    ) -> None:
+        """Dedupe keys, task types and app ids are compared byte for byte, whatever a
+        locale would make of them: case, a composed and a decomposed accent, "ß" and
+        "SS" (PostgreSQL's schema 6 and MySQL's binary collation keep them apart)."""
+        composed, decomposed = "caf\u00e9", "cafe\u0301"
+        tasks = await storage.enqueue(
+            [
+                new_task(composed, app_id=composed, dedupe_key="Stra\u00dfe"),
+                new_task(composed, app_id=composed, dedupe_key="STRASSE"),
+                new_task(composed, app_id=composed, dedupe_key="strasse"),
+                new_task(decomposed, app_id=decomposed, dedupe_key="Stra\u00dfe"),
+                new_task(composed, app_id=decomposed, dedupe_key="Stra\u00dfe"),
+            ]
+        )
+        assert [t.alias_of for t in tasks] == [None] * 5  # five scopes, five leaders
+        claimed = await storage.claim_batch(claim((composed, composed), limit=10))
+        assert sorted(t.id for t in claimed) == sorted(t.id for t in tasks[:3])
+        (other,) = await storage.claim_batch(claim((decomposed, decomposed), limit=10))
+        assert other.id == tasks[3].id
+
     async def test_aliases_take_the_leaders_outcome(self, storage: TaskStorage) -> None:
         await storage.enqueue([new_task("t", dedupe_key="k")])
         aliases = await storage.enqueue([new_task("t", dedupe_key="k") for _ in range(3)])
