@@ -45,6 +45,8 @@ from taskmill_postgres.options import redact
 
 from tests.conftest import POSTGRES_URL, drop_schema, new_schema_name
 from tests.process_support import run_together
+from tests.reliability.fault_proxy import FaultProxy
+from tests.reliability.network import server_address, through
 
 
 class PostgresMigrations(SchemaMigrations):
@@ -676,6 +678,27 @@ async def test_a_notify_from_another_connection_wakes_a_waiting_listener(
     await wait_begun(listener, frozenset({StoreChange.WORK}))
     await _notify(store, "work")
     assert await waiting is True  # notified, not timed out
+
+
+async def test_a_kind_counts_as_listened_to_only_once_the_server_ran_the_listen(
+    store: PostgresStorage,
+):
+    """With 300 ms between the listener and the server, a notification committed as
+    soon as the wait has begun (``wait_begun``) still reaches it: the kind is not
+    marked as listened to while its LISTEN is on the way."""
+    host, port = server_address(POSTGRES_URL)
+    async with FaultProxy(host, port) as proxy:
+        slow_url = through(POSTGRES_URL, proxy.port)
+        listener = await PostgresChangeListener.open(lambda: raw(slow_url), store.channel)
+        try:
+            proxy.latency = 0.3
+            waiting = asyncio.create_task(listener.wait(frozenset({StoreChange.WORK}), 5))
+            await wait_begun(listener, frozenset({StoreChange.WORK}))
+            await _notify(store, "work")  # straight to the server, not through the proxy
+            assert await waiting is True
+        finally:
+            proxy.latency = 0.0
+            await listener.close()
 
 
 async def test_a_listener_wakes_only_for_the_kinds_it_waits_for(

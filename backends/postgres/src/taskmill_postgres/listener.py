@@ -144,14 +144,18 @@ class PostgresChangeListener(ChangeListener):
         async with self._subscribing:
             conn = self._conn
             for kind in kinds - self._listening:
-                self._listening.add(kind)
-                if conn is None:
+                if conn is None:  # the supervisor LISTENs on it once reconnected
+                    self._listening.add(kind)
                     continue
                 try:
                     await conn.add_listener(self.channels[kind], self._on_notification)
                 except _ERRORS:
+                    self._listening.add(kind)  # again, after the reconnection
                     self._lost.set()
                     return
+                # Only now: a kind counts as listened to once the server has run the
+                # LISTEN, so a notification committed from here on is delivered.
+                self._listening.add(kind)
 
     async def _reconnect(self) -> None:
         try:
