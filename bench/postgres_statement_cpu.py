@@ -15,7 +15,13 @@ price their parts. These are diagnostic edits of the statement text, never a set
 - ``no-attempts``: the finish without its execution-log insert;
 - ``no-events``: the claim and the finish without their event inserts;
 - ``default-collation``: the key columns of ``tasks`` back to the database's default
-  collation (what schema 6 changed to "C").
+  collation (what schema 6 changed to "C");
+- ``lean-complete``: the finish written for COMPLETEs only: fixed values instead of a
+  ``CASE`` per column, events without the window that copies a leader's kind to its
+  aliases;
+- ``delete-finished``: ``lean-complete`` deleting the finished rows instead of updating
+  them: the price of keeping the finished task in ``tasks`` (graphile-worker deletes a
+  completed job).
 
 Recorded in ``bench/results/postgres-statement-cpu-<date>.json``. See
 docs/benchmarks.md ("Issue 15: flow between claims and finishes").
@@ -53,7 +59,10 @@ import postgres_prefetch_ab as ab
 from postgres_cpu_split import ServerClock
 
 BENCH_DIR = Path(__file__).resolve().parent
-VARIANTS = ("base", "no-dependents", "no-attempts", "no-events", "default-collation")
+VARIANTS = (
+    "base", "no-dependents", "no-attempts", "no-events", "default-collation",
+    "lean-complete", "delete-finished",
+)  # fmt: skip
 KEY_COLUMNS = ("id", "task_type", "app_id", "dedupe_key", "alias_of", "parent_id")
 
 
@@ -65,7 +74,48 @@ def _edit_finish(sql: str, variant: str) -> str:
         sql = re.sub(r" log AS \(INSERT INTO .*?ORDER BY d\.ord\),", " ", sql)
     elif variant == "no-events":
         sql = sql[: sql.index(" ev AS (INSERT")].rstrip(",") + " SELECT ord FROM done"
+    elif variant in ("lean-complete", "delete-finished"):
+        sql = _lean_complete(sql, delete=variant == "delete-finished")
     return sql
+
+
+def _lean_complete(sql: str, *, delete: bool) -> str:
+    """The finish written for a batch of COMPLETEs only (no progress, data, retry or
+    cancel to decide: no CASE per column, no window over the events), and with
+    ``delete``, the finished rows deleted instead of updated (what a queue that keeps no
+    history does, graphile-worker's completion)."""
+    head, _, rest = sql.partition(" SET ")
+    _, _, rest = rest.partition(" FROM v WHERE ")
+    if delete:
+        table = head[head.index("UPDATE ") + len("UPDATE ") : head.index(" AS t")]
+        head = head[: head.index("UPDATE ")] + f"DELETE FROM {table} AS t"
+        rest = rest.replace(
+            " RETURNING t.seq, t.status,", " RETURNING t.seq, 'completed' AS status,"
+        )
+        sql = f"{head} USING v WHERE {rest}"
+    else:
+        sets = (
+            "status = 'completed', finished_at = now(), result = v.result::json,"
+            " error = NULL, cancel_reason = NULL, updated_at = now(), worker_id = NULL,"
+            " lease_expires_at = NULL"
+        )
+        sql = f"{head} SET {sets} FROM v WHERE {rest}"
+    sql = sql.replace(
+        ", (SELECT pg_notify($18 || 'work', '') FROM done WHERE status = 'pending' LIMIT 1) AS n1",
+        "",
+    )
+    head, _, rest = sql.partition(" ev AS (INSERT")
+    tail = rest[rest.index(" SELECT ord FROM done WHERE") :]
+    found = re.search(r'INSERT INTO ("[^"]+")\.attempts', sql)
+    assert found is not None
+    events = (
+        f" ev AS (INSERT INTO {found.group(1)}.events (task_seq, kind, status, at)"
+        " SELECT e.seq, 'completed', 'completed', now() FROM gate, ("
+        " SELECT d.seq, d.ord AS pos, 0::bigint AS o2 FROM done AS d UNION ALL"
+        " SELECT al.alias_seq, d.ord, al.alias_seq FROM al JOIN done AS d"
+        " ON d.seq = al.leader_seq) AS e ORDER BY e.pos, e.o2)"
+    )
+    return head + events + tail
 
 
 def _edit_claim(build: Callable[[ClaimShape], str], variant: str) -> Callable[[ClaimShape], str]:

@@ -96,7 +96,10 @@ class PostgresChangeListener(ChangeListener):
 
     async def wait(self, kinds: frozenset[StoreChange], timeout: float) -> bool:
         """Wait until a change of one of ``kinds`` is notified after this call began
-        (or the listener reconnected), or ``timeout`` seconds pass.
+        (or the listener reconnected), or ``timeout`` seconds pass. The first wait for
+        a kind LISTENs on its channel before it waits: a change committed before the
+        server has run that LISTEN is not reported to it, so look for work once after
+        the first wait of each kind begins.
 
         :returns: True when notified, False on timeout (or once closed).
         """
