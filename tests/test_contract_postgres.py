@@ -643,11 +643,17 @@ async def _notify(store: PostgresStorage, *kinds: str) -> None:
         await conn.close()
 
 
-async def wait_begun(listener: PostgresChangeListener, kinds: frozenset[StoreChange]) -> None:
-    """Return once a ``wait`` for ``kinds`` has begun: its waiter is registered and the
-    listener LISTENs on every channel of ``kinds`` (a notification counts from then)."""
+async def wait_begun(
+    listener: PostgresChangeListener, kinds: frozenset[StoreChange], waiting: asyncio.Task[bool]
+) -> None:
+    """Return once ``waiting``, a ``wait`` for ``kinds``, has begun: its waiter is
+    registered and the listener LISTENs on every channel of ``kinds`` (a notification
+    counts from then). Fails at once if the wait ended first (woken by a notification
+    of an earlier change: see :func:`delivered`)."""
 
     async def begun() -> bool:
+        if waiting.done():
+            raise AssertionError(f"the wait ended ({waiting.result()}) before it began")
         return all(listener._waiters.waiting(k) for k in kinds) and kinds <= listener._listening
 
     await wait_until(begun, interval=0.001)
@@ -658,7 +664,7 @@ async def delivered(store: PostgresStorage, listener: PostgresChangeListener) ->
     marker notified after them arrives after them (one connection, commit order)."""
     marker = frozenset({StoreChange.CONTROL})
     waiting = asyncio.create_task(listener.wait(marker, 10))
-    await wait_begun(listener, marker)
+    await wait_begun(listener, marker, waiting)
     await _notify(store, "control")
     assert await waiting is True
 
@@ -675,7 +681,7 @@ async def test_a_notify_from_another_connection_wakes_a_waiting_listener(
     store: PostgresStorage, listener: PostgresChangeListener
 ):
     waiting = asyncio.create_task(listener.wait(frozenset({StoreChange.WORK}), 10))
-    await wait_begun(listener, frozenset({StoreChange.WORK}))
+    await wait_begun(listener, frozenset({StoreChange.WORK}), waiting)
     await _notify(store, "work")
     assert await waiting is True  # notified, not timed out
 
@@ -693,7 +699,7 @@ async def test_a_kind_counts_as_listened_to_only_once_the_server_ran_the_listen(
         try:
             proxy.latency = 0.3
             waiting = asyncio.create_task(listener.wait(frozenset({StoreChange.WORK}), 5))
-            await wait_begun(listener, frozenset({StoreChange.WORK}))
+            await wait_begun(listener, frozenset({StoreChange.WORK}), waiting)
             await _notify(store, "work")  # straight to the server, not through the proxy
             assert await waiting is True
         finally:
@@ -705,11 +711,11 @@ async def test_a_listener_wakes_only_for_the_kinds_it_waits_for(
     store: PostgresStorage, listener: PostgresChangeListener
 ):
     waiting = asyncio.create_task(listener.wait(frozenset({StoreChange.CONTROL}), 0.5))
-    await wait_begun(listener, frozenset({StoreChange.CONTROL}))
+    await wait_begun(listener, frozenset({StoreChange.CONTROL}), waiting)
     await _notify(store, "work", "events")
     assert await waiting is False
     waiting = asyncio.create_task(listener.wait(frozenset({StoreChange.CONTROL}), 10))
-    await wait_begun(listener, frozenset({StoreChange.CONTROL}))
+    await wait_begun(listener, frozenset({StoreChange.CONTROL}), waiting)
     await _notify(store, "events", "control")
     assert await waiting is True
 
@@ -723,12 +729,34 @@ async def test_only_notifications_after_the_wait_began_count(
     assert await listener.wait(frozenset({StoreChange.WORK}), 0.3) is False
 
 
+@pytest.fixture
+async def late_listener(store: PostgresStorage) -> AsyncIterator[PostgresChangeListener]:
+    """A listener whose notifications arrive 50 ms late (through a fault proxy), as
+    under load: the notification of a change reaches it after the change returned."""
+    host, port = server_address(POSTGRES_URL)
+    async with FaultProxy(host, port) as proxy:
+        slow_url = through(POSTGRES_URL, proxy.port)
+        listening = await PostgresChangeListener.open(lambda: raw(slow_url), store.channel)
+        proxy.latency = 0.05
+        try:
+            yield listening
+        finally:
+            proxy.latency = 0.0
+            await listening.close()
+
+
 async def test_storage_operations_notify_their_kinds_on_commit(
-    store: PostgresStorage, other: PostgresStorage, listener: PostgresChangeListener
+    other: PostgresStorage, late_listener: PostgresChangeListener
 ):
+    listener = late_listener
+
     async def notified(kind: StoreChange, action, timeout: float = 5) -> bool:
+        # The changes before this one notified too (a claim notifies EVENTS, say), and
+        # the listener hears of them late: let every one arrive first, so that only
+        # this action's notification can wake the wait.
+        await delivered(other, listener)
         waiting = asyncio.create_task(listener.wait(frozenset({kind}), timeout))
-        await wait_begun(listener, frozenset({kind}))
+        await wait_begun(listener, frozenset({kind}), waiting)
         await action
         return await waiting
 
@@ -744,9 +772,7 @@ async def test_storage_operations_notify_their_kinds_on_commit(
     assert await notified(StoreChange.CONTROL, other.cancel(task_ids=[again.id]))
     assert await notified(StoreChange.CONTROL, other.suspend(SuspensionScope("job")))
     assert await notified(StoreChange.WORK, other.resume(SuspensionScope("job")))
-    # Nothing changes, nothing is notified (once the notifications of the changes above
-    # have all arrived: under load one may come late, inside the window below):
-    await delivered(other, listener)
+    # Nothing changes, nothing is notified:
     assert not await notified(StoreChange.EVENTS, other.claim_batch(claim_request("none")), 0.5)
 
 
@@ -756,7 +782,7 @@ async def test_a_rolled_back_change_notifies_nothing(
     (task,) = await store.enqueue([new_task()])
     await delivered(store, listener)  # its own notifications arrive before the wait begins
     waiting = asyncio.create_task(listener.wait(frozenset(StoreChange), 0.5))
-    await wait_begun(listener, frozenset(StoreChange))
+    await wait_begun(listener, frozenset(StoreChange), waiting)
     with pytest.raises(InvalidTaskSpec, match="already stored"):
         await store.enqueue([new_task(), evolve(new_task("other"), id=task.id)])  # all or none
     assert await waiting is False
@@ -776,7 +802,7 @@ async def test_a_listener_reconnects_after_its_connection_is_killed_and_reports_
     assert await waiting is True  # "look for yourself": notifications may have been lost
     assert listener.reconnects == 1 and listener.connected
     waiting = asyncio.create_task(listener.wait(frozenset({StoreChange.WORK}), 10))
-    await wait_begun(listener, frozenset({StoreChange.WORK}))
+    await wait_begun(listener, frozenset({StoreChange.WORK}), waiting)
     await _notify(store, "work")
     assert await waiting is True
 
@@ -803,7 +829,7 @@ async def test_a_notify_from_another_process_wakes_the_listener(
 
 async def test_closing_a_listener_releases_its_waiters(listener: PostgresChangeListener):
     waiting = asyncio.create_task(listener.wait(frozenset(StoreChange), 30))
-    await wait_begun(listener, frozenset(StoreChange))
+    await wait_begun(listener, frozenset(StoreChange), waiting)
     await listener.close()
     assert await asyncio.wait_for(waiting, 5) is False
     await listener.close()
