@@ -52,6 +52,7 @@ from taskmill.model import (
     EventKind,
     Task,
     TaskStatus,
+    task_from_values,
 )
 from taskmill.serialization import loads
 from taskmill.storage import Finish, FinishKind, NewTask
@@ -533,8 +534,11 @@ def enqueued_batch(
 def _pending(
     new: NewTask, params: Any, now: datetime, run_at: datetime, alias_of: str | None
 ) -> Task:
-    # Positional up to user_id (the field order of Task): a keyword call costs more.
-    return Task(
+    # Every field, positionally (the field order of Task); of the values unchecked so
+    # far, only the two timestamps need a check.
+    if now.tzinfo is None or run_at.tzinfo is None:
+        raise ValueError(f"timestamps must be timezone-aware, got {now!r} and {run_at!r}")
+    return task_from_values(
         new.id,
         new.task_type,
         TaskStatus.PENDING,
@@ -554,6 +558,11 @@ def _pending(
         alias_of,
         new.parent_id,
         new.user_id,
+        None,
+        None,
+        None,
+        None,
+        None,
     )
 
 
