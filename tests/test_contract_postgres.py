@@ -5,6 +5,7 @@ index, dedupe and the event log under concurrency, and LISTEN/NOTIFY."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -686,25 +687,36 @@ async def test_a_notify_from_another_connection_wakes_a_waiting_listener(
     assert await waiting is True  # notified, not timed out
 
 
+@contextlib.asynccontextmanager
+async def delayed_listener(
+    store: PostgresStorage, latency: float
+) -> AsyncIterator[PostgresChangeListener]:
+    """A listener on ``store``'s channels whose connection runs through a fault proxy
+    that delays every chunk by ``latency`` seconds, both ways (LISTENs and
+    notifications), once it is open."""
+    host, port = server_address(POSTGRES_URL)
+    async with FaultProxy(host, port) as proxy:
+        slow_url = through(POSTGRES_URL, proxy.port)
+        listening = await PostgresChangeListener.open(lambda: raw(slow_url), store.channel)
+        proxy.latency = latency
+        try:
+            yield listening
+        finally:
+            proxy.latency = 0.0
+            await listening.close()
+
+
 async def test_a_kind_counts_as_listened_to_only_once_the_server_ran_the_listen(
     store: PostgresStorage,
 ):
     """With 300 ms between the listener and the server, a notification committed as
     soon as the wait has begun (``wait_begun``) still reaches it: the kind is not
     marked as listened to while its LISTEN is on the way."""
-    host, port = server_address(POSTGRES_URL)
-    async with FaultProxy(host, port) as proxy:
-        slow_url = through(POSTGRES_URL, proxy.port)
-        listener = await PostgresChangeListener.open(lambda: raw(slow_url), store.channel)
-        try:
-            proxy.latency = 0.3
-            waiting = asyncio.create_task(listener.wait(frozenset({StoreChange.WORK}), 5))
-            await wait_begun(listener, frozenset({StoreChange.WORK}), waiting)
-            await _notify(store, "work")  # straight to the server, not through the proxy
-            assert await waiting is True
-        finally:
-            proxy.latency = 0.0
-            await listener.close()
+    async with delayed_listener(store, 0.3) as listener:
+        waiting = asyncio.create_task(listener.wait(frozenset({StoreChange.WORK}), 5))
+        await wait_begun(listener, frozenset({StoreChange.WORK}), waiting)
+        await _notify(store, "work")  # straight to the server, not through the proxy
+        assert await waiting is True
 
 
 async def test_a_listener_wakes_only_for_the_kinds_it_waits_for(
@@ -731,18 +743,10 @@ async def test_only_notifications_after_the_wait_began_count(
 
 @pytest.fixture
 async def late_listener(store: PostgresStorage) -> AsyncIterator[PostgresChangeListener]:
-    """A listener whose notifications arrive 50 ms late (through a fault proxy), as
-    under load: the notification of a change reaches it after the change returned."""
-    host, port = server_address(POSTGRES_URL)
-    async with FaultProxy(host, port) as proxy:
-        slow_url = through(POSTGRES_URL, proxy.port)
-        listening = await PostgresChangeListener.open(lambda: raw(slow_url), store.channel)
-        proxy.latency = 0.05
-        try:
-            yield listening
-        finally:
-            proxy.latency = 0.0
-            await listening.close()
+    """A listener whose notifications arrive 50 ms late, as under load: the
+    notification of a change reaches it after the change returned."""
+    async with delayed_listener(store, 0.05) as listening:
+        yield listening
 
 
 async def test_storage_operations_notify_their_kinds_on_commit(
