@@ -11,9 +11,9 @@ would write alike), what the server spends per task to enqueue, claim and finish
 - ``split-ff<N>``: the same table without the indexes that read ``status``, ``finished_at``
   or ``lease_expires_at`` (claim, lease, finished, alias and dedupe-leader), and with
   fillfactor N (``--fillfactor``, repeatable; 70 and 30 by default), so that the claim
-  and the finish can be HOT updates; the claimable tasks in a narrow ``queue`` table of their own (the claim
-  deletes from it) and the running ones in a ``leases`` table (the claim inserts,
-  the finish deletes). What the dropped indexes served (finding expired leases,
+  and the finish can be HOT updates; the claimable tasks in a narrow ``queue`` table of
+  their own (the claim deletes from it) and the running ones in a ``leases`` table (the
+  claim inserts, the finish deletes). What the dropped indexes served (finding expired leases,
   cleaning up by finish time, one leader per dedupe key) would move to those tables
   or to others; the probe leaves it out, so it is the best case for the split.
 
