@@ -10,8 +10,10 @@ from typing import Any
 
 import attrs
 import pytest
+from taskmill.lifecycle import enqueued
 from taskmill.model import CancelReason, Progress, Task, TaskStatus, task_from_values
 from taskmill.serialization import loads
+from taskmill.testing import new_task
 
 NOW = datetime(2026, 12, 2, 13, 0, tzinfo=UTC)
 TIMESTAMPS = ("created_at", "run_at", "updated_at", "started_at", "finished_at", "lease_expires_at")
@@ -99,3 +101,12 @@ def test_loads_rejects_what_json_loads_rejects_with_the_same_error(text: str):
     with pytest.raises(json.JSONDecodeError) as got:
         loads(text)
     assert str(got.value) == str(expected.value)
+
+
+def test_an_enqueue_snapshot_refuses_naive_timestamps():
+    naive = datetime(2026, 12, 2, 13, 0)
+    with pytest.raises(ValueError, match="timestamps must be timezone-aware"):
+        enqueued(new_task(), now=naive, run_at=NOW, alias_of=None)
+    with pytest.raises(ValueError, match="timestamps must be timezone-aware"):
+        enqueued(new_task(), now=NOW, run_at=naive, alias_of=None)
+    assert enqueued(new_task(), now=NOW, run_at=NOW, alias_of=None).run_at == NOW
