@@ -153,6 +153,25 @@ async def test_params_keys_mongodb_restricts_are_stored_faithfully(mongo_url: st
         await tm.close()
 
 
+async def test_a_new_database_has_every_collection_before_its_first_write(
+    mongo_url: str, mongo_database: str
+):
+    """Opening a new database creates every collection outside any transaction, so
+    that no transaction (a suspend, a claim under a rate limit) creates one: refused by
+    MongoDB before 4.4 and by sharded transactions, and raced in the test server."""
+    from taskmill_mongo.storage import _COLLECTIONS
+
+    store = MongoStorage.from_url(mongo_url)
+    await store.open()
+    await store.close()
+    client, db = await _raw(mongo_database)
+    try:
+        names = set(await db.list_collection_names())
+    finally:
+        await client.close()
+    assert set(_COLLECTIONS) <= names, sorted(set(_COLLECTIONS) - names)
+
+
 async def test_concurrent_migrations_leave_one_schema(mongo_url: str):
     import asyncio
 

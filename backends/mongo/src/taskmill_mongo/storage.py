@@ -699,11 +699,19 @@ class MongoStorage(TaskStorage):
         await db.attempts.create_indexes(ATTEMPT_INDEXES)
         await db.events.create_indexes(EVENT_INDEXES)
         await db.dependencies.create_indexes(DEPENDENCY_INDEXES)
-        # Created here, not by a claim's first upsert inside its transaction.
-        if "buckets" not in await db.list_collection_names():
+        # Every collection is created here, outside any transaction, not by its first
+        # write: ``suspensions`` and ``buckets`` are first written inside a
+        # transaction (a suspend, a claim's rate-limit upsert), and creating a
+        # collection there is refused by MongoDB before 4.4 and by sharded
+        # transactions, and raced in the MongoDB-protocol test server (a suspend
+        # once failed there with "no such table: suspensions").
+        existing = set(await db.list_collection_names())
+        for name in _COLLECTIONS:
+            if name in existing:
+                continue
             with contextlib.suppress(CollectionInvalid):  # created by another process
                 try:
-                    await db.create_collection("buckets")
+                    await db.create_collection(name)
                 except OperationFailure as exc:
                     if exc.code != 48:  # NamespaceExists: created meanwhile
                         raise
