@@ -1,5 +1,7 @@
 """Flow control: a store that stalls for longer than a lease slows the worker down; it
 never makes it claim without bound, lose leases it still holds, or run a task twice.
+And a busy worker's claims wait for the write in flight, so its tasks move in one
+train instead of splitting into small claims and writes.
 
 A real worker process runs no-op tasks while another connection stalls the store's
 write path (the attempts table locked on PostgreSQL, SQLite's write lock) for more than
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import statistics
 import subprocess
 import sys
 import time
@@ -22,6 +25,8 @@ from pathlib import Path
 
 import pytest
 from taskmill import Taskmill
+from taskmill.model import Task
+from taskmill.storage import ClaimRequest
 from taskmill.testing import wait_until
 
 from tests.conftest import POSTGRES_URL, drop_schema, new_schema_name, require_postgres, with_query
@@ -185,3 +190,37 @@ async def test_a_stalled_store_never_makes_the_worker_hold_more_than_its_concurr
         f"{backend}: at most {max(samples)} RUNNING (concurrency {CONCURRENCY}), "
         f"RSS {rss_before} -> max {max(rss)} KiB over a {STALL:.0f} s stall"
     )
+
+
+async def test_a_busy_workers_claims_wait_for_the_write_in_flight(store: tuple[str, str]):
+    """A worker whose slots free while outcomes are being written claims for them once
+    that write returns, with the slots it freed: its tasks move in one train of about
+    the general slot count, not in trains of 1 and 8 that each pay a claim and a write
+    of their own (what claiming each freed slot at once led to: a median claim of 1
+    task at concurrency 10 on PostgreSQL)."""
+    _, url = store
+    tasks, concurrency = 900, 10
+    tm = Taskmill(url, plugins=False)
+
+    async def noop(ctx: object, params: object) -> None:
+        return None
+
+    tm.register("flow.noop", noop)
+    async with tm:
+        await tm.enqueue_many([{"task_type": "flow.noop"} for _ in range(tasks)])
+        claimed: list[int] = []
+        claim = tm.storage.claim_batch
+
+        async def recording(request: ClaimRequest) -> list[Task]:
+            found = await claim(request)
+            if found:
+                claimed.append(len(found))
+            return found
+
+        tm.storage.claim_batch = recording  # type: ignore[method-assign]
+        worker = tm.worker(concurrency=concurrency, handle_signals=False)
+        await worker.run_until_idle()
+        assert worker.processed == tasks
+    general = concurrency - worker.reserved_high_priority_slots
+    assert sum(claimed) == tasks
+    assert statistics.median(claimed) >= general // 2, claimed[:40]

@@ -449,7 +449,7 @@ class Worker:
             self._wake.clear()
             failed = False
             try:
-                claimed, drained = await self._fill_slots()
+                claimed, drained = await self._fill_slots(coalesce=True)
             except Exception:
                 log_retried_failure(log, "claiming failed; retrying in %.2f s", retry)
                 claimed, drained, failed = 0, True, True
@@ -544,10 +544,20 @@ class Worker:
                 limits[handler.key] = limit
         return limits
 
-    async def _fill_slots(self, *, prefetch: bool = True) -> tuple[int, bool]:
+    async def _fill_slots(
+        self, *, prefetch: bool = True, coalesce: bool = False
+    ) -> tuple[int, bool]:
         """Claim into free slots (and the local queue, with ``prefetch``); returns
         (claimed, drained) where drained means nothing more is claimable into the free
-        slots right now. :meth:`tick` claims one batch into free slots only."""
+        slots right now. :meth:`tick` claims one batch into free slots only.
+
+        ``coalesce`` (the claim loop): while outcomes are being written, a claim for
+        fewer than half the general slots waits for that write, whose end wakes the
+        claim loop, and then claims for every slot it freed as well. Claiming each freed
+        slot at once splits a busy worker's tasks into trains that never merge again
+        (at concurrency 10: claims and writes of 1 and 8 tasks, alternating), each
+        paying a claim and a write of its own (docs/benchmarks.md, "Claims that wait
+        for the write in flight")."""
         if self._stopping:
             return 0, False
         if self.prefetch and prefetch:
@@ -560,6 +570,8 @@ class Worker:
             free = self.concurrency - self.held
             if min_priority is None:
                 free = min(free, general - self._running_normal)
+                if coalesce and 0 < free < general // 2 and (self._finishes or self._in_flight):
+                    return claimed, False  # not drained: the write's end wakes the loop
             if free <= 0:
                 continue
             handlers = self._claim_handlers()
