@@ -10,11 +10,9 @@ afterwards), and the script measures over the drain alone:
   run as root or as the server's user);
 - with the ``pg_stat_statements`` extension loaded (``shared_preload_libraries``), the
   execution time of the claim and finish statements and the WAL they wrote, per task;
-- who waits: the share of the machine's CPU time left idle (``/proc/stat``), the CPU
-  share of the two busiest server processes (the claiming and the finishing backend),
-  and the share of the drain during which a claim call, and a finish call, was in
-  flight in the worker (the store's methods timed from the call to the return), with
-  their median batch sizes.
+- the CPU share of a core of the two busiest server processes (the claiming and the
+  finishing backends). With ``worker_flow.py``'s share of the drain in which each call
+  is in flight, this says who waits.
 
 Rounds alternate the settings. Recorded in ``bench/results/postgres-cpu-split-<date>.json``.
 See docs/benchmarks.md (issue 15, "Where the time goes").
@@ -80,43 +78,6 @@ class ServerClock:
         return sum(self.per_process.values())
 
 
-def _machine_times() -> tuple[int, int]:
-    """(idle + iowait, total) jiffies of the whole machine so far."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return fields[3] + fields[4], sum(fields)
-
-
-class CallTimer:
-    """Times the store's claim and finish calls of one worker, from call to return."""
-
-    def __init__(self, storage: Any) -> None:
-        self.calls: dict[str, list[tuple[int, float]]] = {"claim": [], "finish": []}
-        claim, finish = storage.claim_batch, storage.finish_batch_applied
-
-        async def timed_claim(request: Any) -> Any:
-            began = time.perf_counter()
-            found = await claim(request)
-            self.calls["claim"].append((len(found), time.perf_counter() - began))
-            return found
-
-        async def timed_finish(finishes: Any) -> Any:
-            began = time.perf_counter()
-            applied = await finish(finishes)
-            self.calls["finish"].append((len(finishes), time.perf_counter() - began))
-            return applied
-
-        # On this instance only: the worker calls the store through these attributes.
-        storage.claim_batch, storage.finish_batch_applied = timed_claim, timed_finish
-
-    def summary(self, seconds: float) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for kind, calls in self.calls.items():
-            out[f"{kind}_in_flight_share"] = sum(d for _, d in calls) / seconds
-            out[f"{kind}_median_batch"] = statistics.median(n for n, _ in calls) if calls else 0
-            out[f"{kind}_calls"] = len(calls)
-        return out
-
-
 async def _statements(admin: asyncpg.Connection[Any]) -> list[dict[str, Any]]:
     # Only this run's statements since the reset (the text is cut at
     # track_activity_query_size, 1 kB by default, so it may not name the schema).
@@ -169,14 +130,11 @@ async def one_run(
             )
             if statements:
                 await admin.execute("SELECT pg_stat_statements_reset()")
-            timer = CallTimer(tm.storage)
             before = resource.getrusage(resource.RUSAGE_SELF)
             clock.begin()
-            idle_before, total_before = _machine_times()
             started = time.perf_counter()
             await worker.run_until_idle()
             seconds = time.perf_counter() - started
-            idle_after, total_after = _machine_times()
             server = clock.seconds()
             after = resource.getrusage(resource.RUSAGE_SELF)
             if worker.processed != tasks:
@@ -191,11 +149,9 @@ async def one_run(
         "python_cpu_us_per_task": python / tasks * 1e6,
         "server_cpu_us_per_task": server / tasks * 1e6,
         "wall_us_per_task": seconds / tasks * 1e6,
-        "machine_idle_share": (idle_after - idle_before) / max(1, total_after - total_before),
         "busiest_server_processes_share": [
             round(cpu / seconds, 3) for cpu in sorted(clock.per_process.values(), reverse=True)[:2]
         ],
-        **timer.summary(seconds),
         "statements": [
             {
                 **s,
@@ -247,11 +203,8 @@ async def main() -> None:
                         if by_kind
                         else ""
                     )
-                    + f"; machine idle {run['machine_idle_share']:.0%}, busiest backends "
-                    f"{run['busiest_server_processes_share']}, in flight: claims "
-                    f"{run['claim_in_flight_share']:.0%} (median {run['claim_median_batch']:.0f}"
-                    f" tasks), finishes {run['finish_in_flight_share']:.0%} (median "
-                    f"{run['finish_median_batch']:.0f}), load {run['load']:.1f}",
+                    + f", busiest server processes {run['busiest_server_processes_share']}"
+                    f" of a core, load {run['load']:.1f}",
                     flush=True,
                 )
     finally:
@@ -267,9 +220,6 @@ async def main() -> None:
                 "python_cpu_us_per_task",
                 "server_cpu_us_per_task",
                 "wall_us_per_task",
-                "machine_idle_share",
-                "claim_in_flight_share",
-                "finish_in_flight_share",
             )
         }
         print(setting, "median:", json.dumps({k: round(v, 1) for k, v in summary[setting].items()}))
