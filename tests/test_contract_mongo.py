@@ -158,7 +158,7 @@ async def test_a_new_database_has_every_collection_before_its_first_write(
 ):
     """Opening a new database creates every collection outside any transaction, so
     that no transaction (a suspend, a claim under a rate limit) creates one: refused by
-    MongoDB before 4.4 and by sharded transactions, and raced in the test server."""
+    MongoDB before 4.4 and in cross-shard write transactions, and raced in the test server."""
     from taskmill_mongo.storage import _COLLECTIONS
 
     store = MongoStorage.from_url(mongo_url)

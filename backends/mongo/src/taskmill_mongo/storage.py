@@ -702,7 +702,7 @@ class MongoStorage(TaskStorage):
         # Every collection is created here, outside any transaction, not by its first
         # write: ``suspensions`` and ``buckets`` are first written inside a
         # transaction (a suspend, a claim's rate-limit upsert), and creating a
-        # collection there is refused by MongoDB before 4.4 and by sharded
+        # collection there is refused by MongoDB before 4.4 and in cross-shard write
         # transactions, and raced in the MongoDB-protocol test server (a suspend
         # once failed there with "no such table: suspensions").
         existing = set(await db.list_collection_names())
