@@ -135,7 +135,7 @@ async def test_a_schema_version_mismatch_is_refused_and_tasks_stay_intact(
     [
         ({"delay": 1, "run_at": datetime(2030, 1, 1, tzinfo=UTC)}, "not both"),
         ({"run_at": datetime(2030, 1, 1)}, "timezone-aware"),
-        ({"max_retries": -1}, "max_retries must be >= 0"),
+        ({"max_retries": -1}, "max_retries must be from 0 to 1000000000, got -1"),
         ({"priority": "high"}, "priority must be an int"),
     ],
 )

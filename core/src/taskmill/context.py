@@ -10,6 +10,7 @@ from typing import Any, Generic, TypeAlias, TypeVar
 from taskmill.errors import Cancelled, InvalidParams, TaskmillError
 from taskmill.model import JSON, CancelReason, Progress, Task
 from taskmill.serialization import dumps, is_finite_number
+from taskmill.validation import PROGRESS_MESSAGE_MAX, check_key
 
 T = TypeVar("T")
 Spawner: TypeAlias = Callable[
@@ -144,9 +145,13 @@ class Context:
         event; the last value reported is always stored with the task's outcome.
 
         :raises ValueError: ``done`` or ``total`` is not a finite number, or total <= 0.
+        :raises InvalidTaskSpec: ``message`` is not text every store keeps (at most
+            4,096 characters, no NUL or lone surrogate).
         """
         if not isinstance(done, int | float) or not is_finite_number(done):
             raise ValueError(f"progress done must be a finite number, got {done!r}")
+        if message is not None:
+            check_key("progress message", message, PROGRESS_MESSAGE_MAX)
         with self._lock:
             if total is None:
                 total = self._progress.total

@@ -38,11 +38,27 @@ class SchemaVersionError(TaskmillError):
     """The database schema does not match this version of taskmill."""
 
 
-class InvalidParams(TaskmillError):
+class InvalidInput(TaskmillError, ValueError):
+    """A value taskmill was given is refused; the message names the field, the limit
+    and the value (docs/semantics.md, "Limits"). Nothing was stored.
+
+    ``field`` names the refused field when there is one (``"task_type"``,
+    ``"params"``, ...), for an HTTP 422 or a form to point at.
+    """
+
+    def __init__(self, message: str | None = None, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class InvalidParams(InvalidInput):
     """Task parameters must be a JSON object of at most the configured size."""
 
+    def __init__(self, message: str | None = None, *, field: str | None = "params") -> None:
+        super().__init__(message, field=field)
 
-class InvalidTaskSpec(TaskmillError, ValueError):
+
+class InvalidTaskSpec(InvalidInput):
     """A task's options are inconsistent or out of range (see the message)."""
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import operator
+import sys
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Final, TypeAlias
@@ -16,6 +17,7 @@ import attrs
 
 from taskmill import filters
 from taskmill.errors import InvalidTaskSpec
+from taskmill.validation import check_key
 
 JSON: TypeAlias = Any
 """A JSON value: dict, list, str, int, float, bool or None."""
@@ -91,12 +93,16 @@ def _utc(instance: Any, attribute: attrs.Attribute[Any], value: datetime | None)
         raise ValueError(f"{attribute.name} must be a timezone-aware datetime, got {value!r}")
 
 
+def _optional_float(value: float | None) -> float | None:
+    return None if value is None else float(value)
+
+
 @attrs.frozen
 class Progress:
     """How far a running task has come: ``done`` of ``total`` units, and a message."""
 
-    done: float = 0
-    total: float | None = None
+    done: float = attrs.field(default=0.0, converter=float)
+    total: float | None = attrs.field(default=None, converter=_optional_float)
     message: str | None = None
 
     @property
@@ -223,19 +229,35 @@ def _statuses(value: Any) -> tuple[TaskStatus, ...] | None:
     return None if items is None else tuple(TaskStatus(s) for s in items)
 
 
+def _storable_text(instance: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+    # A filter value no store can hold (NUL, a lone surrogate) is refused, the same on
+    # every backend, rather than sent to a driver that would fail on it.
+    if value is not None:
+        check_key(attribute.name, value, sys.maxsize)
+
+
+def _storable_texts(
+    instance: Any, attribute: attrs.Attribute[Any], value: tuple[str, ...] | None
+) -> None:
+    for one in value or ():
+        check_key(attribute.name, one, sys.maxsize)
+
+
 @attrs.frozen
 class TaskFilter:
     """Which tasks an operation applies to; every field set narrows the selection."""
 
-    app_id: str | None = None
-    task_types: tuple[str, ...] | None = attrs.field(default=None, converter=_tuple_or_none)
+    app_id: str | None = attrs.field(default=None, validator=_storable_text)
+    task_types: tuple[str, ...] | None = attrs.field(
+        default=None, converter=_tuple_or_none, validator=_storable_texts
+    )
     statuses: tuple[TaskStatus, ...] | None = attrs.field(default=None, converter=_statuses)
-    parent_id: str | None = None
-    user_id: str | None = None
-    dedupe_key: str | None = None
+    parent_id: str | None = attrs.field(default=None, validator=_storable_text)
+    user_id: str | None = attrs.field(default=None, validator=_storable_text)
+    dedupe_key: str | None = attrs.field(default=None, validator=_storable_text)
     created_after: datetime | None = attrs.field(default=None, validator=_utc)
     created_before: datetime | None = attrs.field(default=None, validator=_utc)
-    text: str | None = None
+    text: str | None = attrs.field(default=None, validator=_storable_text)
     """Tasks whose id or dedupe key contains this text (case-sensitive), for search
     boxes; an empty text selects every task."""
 
@@ -243,33 +265,6 @@ class TaskFilter:
         """True when ``task`` is selected by this filter (the reference semantics,
         :func:`taskmill.filters.matches`)."""
         return filters.matches(self, task)
-
-
-def is_text(value: str) -> bool:
-    """Whether ``value`` is valid Unicode text (encodable as UTF-8: no lone surrogates),
-    which every store can keep."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def check_text(field: str, value: object) -> None:
-    """Refuse a string field that is not valid Unicode text, naming the character.
-
-    :raises InvalidTaskSpec: ``value`` is a str with a lone surrogate.
-    """
-    if not isinstance(value, str) or value.isascii():
-        return
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidTaskSpec(
-            f"{field} holds {value[exc.start]!r} at position {exc.start}, which is not valid "
-            "Unicode text (a lone surrogate, often from bytes decoded with "
-            "errors='surrogateescape'); decode the input properly"
-        ) from None
 
 
 def _task_ids(value: Any) -> tuple[str, ...]:

@@ -38,11 +38,24 @@ from taskmill.model import (
     TaskFilter,
     TaskSpec,
     TaskStatus,
-    check_text,
-    is_text,
 )
 from taskmill.serialization import encode_params
 from taskmill.storage import NewTask, StoreChange, utcnow
+from taskmill.validation import (
+    APP_ID_MAX,
+    DEDUPE_KEY_MAX,
+    MAX_RETRIES_MAX,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    TASK_ID_MAX,
+    TASK_TYPE_MAX,
+    USER_ID_MAX,
+    check_delay,
+    check_int,
+    check_key,
+    check_run_at,
+    is_task_id,
+)
 
 if TYPE_CHECKING:
     from taskmill.app import Taskmill
@@ -153,6 +166,10 @@ class TaskOperations:
         return task
 
     def _scope(self, task_type: str | None, app_id: str | None) -> SuspensionScope:
+        if task_type is not None:
+            check_key("task_type", task_type, TASK_TYPE_MAX, empty=False)
+        if app_id is not None:
+            check_key("app_id", app_id, APP_ID_MAX)
         if self._app_id is not None:
             if app_id not in (None, self._app_id):
                 raise InvalidTaskSpec(f"these operations are bound to app {self._app_id!r}")
@@ -163,16 +180,29 @@ class TaskOperations:
 
     def _new_task(self, spec: TaskSpec, task_id: str | None = None) -> NewTask:
         host = self._host
+        check_key("task_type", spec.task_type, TASK_TYPE_MAX, empty=False)
+        if spec.app_id is not None:
+            check_key("app_id", spec.app_id, APP_ID_MAX)
+        if spec.dedupe_key is not None:
+            check_key("dedupe_key", spec.dedupe_key, DEDUPE_KEY_MAX)
+        if spec.user_id is not None:
+            check_key("user_id", spec.user_id, USER_ID_MAX)
+        if spec.parent_id is not None:
+            check_key("parent_id", spec.parent_id, TASK_ID_MAX)
+        if task_id is not None:
+            check_key("id", task_id, TASK_ID_MAX, empty=False)
+        for one in spec.after:
+            check_key("after", one, TASK_ID_MAX)
+        priority = check_int("priority", spec.priority, PRIORITY_MIN, PRIORITY_MAX)
         params = {} if spec.params is None else spec.params
         params_json = encode_params(params, max_bytes=host.max_params_bytes)
         if spec.run_at is not None and spec.delay is not None:
-            raise InvalidTaskSpec("give run_at or delay, not both")
-        run_at = spec.run_at
-        if spec.delay is not None:
-            delay = (
-                spec.delay if isinstance(spec.delay, timedelta) else timedelta(seconds=spec.delay)
-            )
-            run_at = utcnow() + delay
+            raise InvalidTaskSpec("give run_at or delay, not both", field="delay")
+        run_at = None
+        if spec.run_at is not None:
+            run_at = check_run_at(spec.run_at)
+        elif spec.delay is not None:
+            run_at = check_delay(spec.delay, utcnow())
         max_retries = spec.max_retries
         handler = host.registry.lookup(spec.app_id, spec.task_type)
         if handler is None and host.strict_types:
@@ -181,24 +211,7 @@ class TaskOperations:
             max_retries = handler.max_retries if handler is not None else None
         if max_retries is None:
             max_retries = host.default_max_retries
-        if max_retries < 0:
-            raise InvalidTaskSpec(f"max_retries must be >= 0, got {max_retries}")
-        if not isinstance(spec.priority, int):
-            raise InvalidTaskSpec(f"priority must be an int, got {spec.priority!r}")
-        if not spec.task_type or not isinstance(spec.task_type, str):
-            raise InvalidTaskSpec("task_type must be a non-empty string")
-        for field, text in (
-            ("task_type", spec.task_type),
-            ("app_id", spec.app_id),
-            ("dedupe_key", spec.dedupe_key),
-            ("parent_id", spec.parent_id),
-            ("user_id", spec.user_id),
-            ("task id", task_id),
-        ):
-            if text is not None:
-                check_text(field, text)
-        for one in spec.after:
-            check_text("after", one)
+        max_retries = check_int("max_retries", max_retries, 0, MAX_RETRIES_MAX)
         after = _dependencies(spec)
         if after and not host.storage.capabilities.dependencies:
             raise InvalidTaskSpec(
@@ -212,7 +225,7 @@ class TaskOperations:
             params=params,
             params_json=params_json,
             app_id=spec.app_id,
-            priority=int(spec.priority),
+            priority=priority,
             max_retries=max_retries,
             run_at=run_at,
             dedupe_key=spec.dedupe_key,
@@ -334,9 +347,9 @@ class TaskOperations:
         return self._visible(await self._stored(task_id))
 
     async def _stored(self, task_id: str) -> Task | None:
-        """The stored snapshot of ``task_id``; None for an id no task can have (text
-        that is not valid Unicode, such as a lone surrogate: no store can hold it)."""
-        if not task_id.isascii() and not is_text(task_id):
+        """The stored snapshot of ``task_id``; None for an id no task can have (not a
+        str, too long, a NUL or a lone surrogate: no store holds such an id)."""
+        if not is_task_id(task_id):
             return None
         return await self._host.storage.get(task_id)
 
@@ -356,7 +369,9 @@ class TaskOperations:
             (unknown, or another app's) selects nothing.
         """
         self._host._check_open()
-        if after is not None and self._app_id is not None and await self.get(after) is None:
+        if after is not None and (
+            not is_task_id(after) or (self._app_id is not None and await self.get(after) is None)
+        ):
             return []
         return await self._host.storage.query(
             self._scoped(filter),
@@ -389,7 +404,9 @@ class TaskOperations:
         """The task's execution log, one row per attempt, oldest first (empty for an
         unknown or foreign id)."""
         self._host._check_open()
-        if self._app_id is not None and await self.get(task_id) is None:
+        if not is_task_id(task_id) or (
+            self._app_id is not None and await self.get(task_id) is None
+        ):
             return []
         return await self._host.storage.attempts(task_id)
 

@@ -24,9 +24,24 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import attrs
 from cronsim import CronSim, CronSimError
 
-from taskmill.errors import ConfigurationError, DuplicateTaskId, log_retried_failure
+from taskmill.errors import (
+    ConfigurationError,
+    DuplicateTaskId,
+    InvalidTaskSpec,
+    log_retried_failure,
+)
 from taskmill.model import JSON, Priority, TaskSpec
 from taskmill.storage import NewTask, utcnow
+from taskmill.validation import (
+    APP_ID_MAX,
+    MAX_RETRIES_MAX,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    SCHEDULE_NAME_MAX,
+    TASK_TYPE_MAX,
+    check_int,
+    check_key,
+)
 
 if TYPE_CHECKING:
     from taskmill.app import Taskmill
@@ -103,6 +118,16 @@ class Schedule:
             raise ConfigurationError("a schedule needs a non-empty name")
         if not self.task_type or not isinstance(self.task_type, str):
             raise ConfigurationError(f"{where} needs a non-empty task_type")
+        try:  # the limits of every task spec, checked once here rather than at each fire
+            check_key("schedule name", self.name, SCHEDULE_NAME_MAX)
+            check_key("task_type", self.task_type, TASK_TYPE_MAX)
+            if self.app_id is not None:
+                check_key("app_id", self.app_id, APP_ID_MAX)
+            check_int("priority", self.priority, PRIORITY_MIN, PRIORITY_MAX)
+            if self.max_retries is not None:
+                check_int("max_retries", self.max_retries, 0, MAX_RETRIES_MAX)
+        except InvalidTaskSpec as exc:
+            raise ConfigurationError(f"{where}: {exc}") from None
         if (self.cron is None) == (self.every is None):
             raise ConfigurationError(
                 f"{where}: give exactly one of cron='*/5 * * * *' or every=timedelta(...)"

@@ -12,6 +12,14 @@ from taskmill.errors import HandlerConflict, InvalidHandler
 from taskmill.limits import Rate, TypeLimit, check_max_running, parse_rate
 from taskmill.model import JSON
 from taskmill.storage import HandlerKey
+from taskmill.validation import (
+    APP_ID_MAX,
+    MAX_RETRIES_MAX,
+    TASK_TYPE_MAX,
+    check_int,
+    check_key,
+    check_timeout,
+)
 
 if TYPE_CHECKING:
     from taskmill.context import Context
@@ -68,12 +76,12 @@ def _check_options(
     timeout: float | None,
     concurrency: int | None,
 ) -> None:
-    if not isinstance(task_type, str) or not task_type:
-        raise ValueError("task_type must be a non-empty string")
-    if max_retries is not None and max_retries < 0:
-        raise ValueError(f"max_retries must be >= 0, got {max_retries}")
-    if timeout is not None and timeout <= 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+    # The same limits as every task spec (docs/semantics.md, "Limits"): a handler a task
+    # could never be created for is refused at registration.
+    check_key("task_type", task_type, TASK_TYPE_MAX, empty=False)
+    if max_retries is not None:
+        check_int("max_retries", max_retries, 0, MAX_RETRIES_MAX)
+    check_timeout(timeout)
     if concurrency is not None and concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
 
@@ -137,6 +145,8 @@ class HandlerRegistry:
         :raises InvalidLimit: ``rate_limit`` or ``global_concurrency`` is not valid.
         """
         _check_options(task_type, max_retries, timeout, concurrency)
+        if app_id is not None:
+            check_key("app_id", app_id, APP_ID_MAX)
         rate = None if rate_limit is None else parse_rate(rate_limit)
         max_running = check_max_running(global_concurrency)
         _check_signature(task_type, handler)

@@ -41,6 +41,7 @@ from taskmill.model import (
     TaskFilter,
     TaskStatus,
 )
+from taskmill.validation import storable_error
 
 HandlerKey: TypeAlias = tuple[str | None, str]
 """``(app_id, task_type)`` of a registered handler; ``app_id`` None serves every app that
@@ -305,7 +306,8 @@ class Finish:
     started_at: datetime
     finished_at: datetime
     result_json: str | None = None
-    error: str | None = None
+    error: str | None = attrs.field(default=None, converter=storable_error)
+    """Kept as every store can hold it (:func:`taskmill.validation.storable_error`)."""
     retry_in: float = 0.0
     cancel_reason: CancelReason | None = None
     data: dict[str, JSON] | None = None

@@ -15,6 +15,14 @@ from typing import TypedDict
 import attrs
 
 from taskmill.backoff import RetryPolicy
+from taskmill.validation import WORKER_ID_MAX, check_key
+
+
+def _storable_worker_id(
+    instance: WorkerOptions, attribute: attrs.Attribute[str | None], value: str | None
+) -> None:
+    if value is not None:
+        check_key("worker_id", value, WORKER_ID_MAX, empty=False)
 
 
 def _at_least_one(instance: WorkerOptions, attribute: attrs.Attribute[int], value: int) -> None:
@@ -81,8 +89,9 @@ class WorkerOptions:
     )
     """Slots only tasks at or above ``Priority.USER_ACTION`` may take. None: 1, or 0 in
     a one-slot worker (reserving its only slot would leave nothing for normal work)."""
-    worker_id: str | None = None
-    """The id stored on the tasks it runs. None: ``host:pid:random``."""
+    worker_id: str | None = attrs.field(default=None, validator=_storable_worker_id)
+    """The id stored on the tasks it runs (at most 255 characters, no NUL). None:
+    ``host:pid:random``."""
     lease_seconds: float = attrs.field(default=30.0, validator=_positive)
     """How long a claimed task is held without a renewal; renewed every third of it."""
     poll_interval: float = 1.0
