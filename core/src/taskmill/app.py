@@ -59,6 +59,9 @@ class Taskmill(TaskOperations):
         ``ctx.spawn``) a task type that no handler registered here serves raises
         :class:`~taskmill.UnknownTaskType`, naming close matches. Off by default: another
         process may serve the type, and such a task simply waits, PENDING, for it.
+    :param storage: a store object to use instead of the one ``url`` names (for a
+        backend not installed as an entry point, or a test); :meth:`open` opens it and
+        :meth:`close` closes it. ``url`` then defaults to the store's own.
     :param storage_options: passed to the backend (see docs/backends.md).
     """
 
@@ -71,11 +74,18 @@ class Taskmill(TaskOperations):
         default_max_retries: int = DEFAULT_MAX_RETRIES,
         auto_migrate: bool = False,
         strict_types: bool = False,
+        storage: TaskStorage | None = None,
         **storage_options: Any,
     ) -> None:
         super().__init__(self, None)
-        self.url = resolve_url(url)
-        self.storage: TaskStorage = storage_for_url(self.url, **storage_options)
+        if storage is not None:
+            if storage_options:
+                raise TypeError("give storage options to the store object, not with storage=")
+            self.url = url if url is not None else storage.url
+            self.storage: TaskStorage = storage
+        else:
+            self.url = resolve_url(url)
+            self.storage = storage_for_url(self.url, **storage_options)
         self.registry = HandlerRegistry()
         self.max_params_bytes = max_params_bytes
         self.default_max_retries = default_max_retries

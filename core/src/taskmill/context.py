@@ -10,7 +10,7 @@ from typing import Any, Generic, TypeAlias, TypeVar
 from taskmill.errors import Cancelled, InvalidParams, TaskmillError
 from taskmill.model import JSON, CancelReason, Progress, Task
 from taskmill.serialization import dumps, is_finite_number
-from taskmill.validation import PROGRESS_MESSAGE_MAX, check_key
+from taskmill.validation import PROGRESS_MESSAGE_MAX, check_key, is_text
 
 T = TypeVar("T")
 Spawner: TypeAlias = Callable[
@@ -167,9 +167,17 @@ class Context:
         :raises InvalidParams: a value is not JSON-serializable.
         """
         try:
-            dumps(values)
+            text = dumps(values)
         except (TypeError, ValueError) as exc:
-            raise InvalidParams(f"task data must be JSON-serializable: {exc}") from None
+            raise InvalidParams(
+                f"task data must be JSON-serializable: {exc}", field="data"
+            ) from None
+        if not text.isascii() and not is_text(text):
+            raise InvalidParams(
+                "task data must be valid Unicode text: a string in it holds a lone surrogate"
+                " (often bytes decoded with errors='surrogateescape'); decode it properly",
+                field="data",
+            )
         with self._lock:
             self._data.update(values)
             self._data_dirty = self._touched = True

@@ -282,7 +282,8 @@ class TaskSpec:
     app_id: str | None = None
     priority: int = Priority.NORMAL
     dedupe_key: str | None = None
-    run_at: datetime | None = attrs.field(default=None, validator=_utc)
+    run_at: datetime | None = None
+    """Checked with every other value when the task is built (taskmill.validation)."""
     delay: timedelta | float | None = None
     parent_id: str | None = None
     max_retries: int | None = None

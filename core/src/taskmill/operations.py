@@ -195,7 +195,12 @@ class TaskOperations:
             check_key("after", one, TASK_ID_MAX)
         priority = check_int("priority", spec.priority, PRIORITY_MIN, PRIORITY_MAX)
         params = {} if spec.params is None else spec.params
-        params_json = encode_params(params, max_bytes=host.max_params_bytes)
+        max_bytes, limit_of = host.max_params_bytes, "max_params_bytes"
+        ceiling = host.storage.capabilities.max_value_bytes
+        if ceiling is not None and ceiling < max_bytes:
+            max_bytes = ceiling
+            limit_of = f"the most {type(host.storage).__name__} keeps in one value"
+        params_json = encode_params(params, max_bytes=max_bytes, limit_of=limit_of)
         if spec.run_at is not None and spec.delay is not None:
             raise InvalidTaskSpec("give run_at or delay, not both", field="delay")
         run_at = None

@@ -152,7 +152,7 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def encode_params(params: Any, *, max_bytes: int) -> str:
+def encode_params(params: Any, *, max_bytes: int, limit_of: str = "max_params_bytes") -> str:
     """Validate task parameters and return their JSON text.
 
     :raises InvalidParams: params is not a JSON object, holds a value JSON cannot
@@ -189,9 +189,9 @@ def encode_params(params: Any, *, max_bytes: int) -> str:
         ) from None
     if size > max_bytes:
         raise InvalidParams(
-            f"task params are {size} bytes as JSON, over the limit of {max_bytes} bytes; "
-            "store large inputs elsewhere and pass a reference, or raise "
-            "max_params_bytes"
+            f"task params are {size} bytes as JSON, over the limit of {max_bytes} bytes"
+            f" ({limit_of}); store large inputs elsewhere and pass a reference"
+            + (", or raise max_params_bytes" if limit_of == "max_params_bytes" else "")
         )
     return text
 

@@ -110,11 +110,18 @@ class StorageCapabilities:
     handler_registrations: bool = False
     """The backend keeps :class:`HandlerRegistration` records (the ``*_handler_
     registration`` methods work)."""
+    max_value_bytes: int | None = None
+    """The largest JSON value (a task's params or result, as UTF-8 JSON text) the store
+    keeps in one task, when the store has a ceiling below what memory allows (MongoDB's
+    document size, MySQL's ``max_allowed_packet``); a store may set it when it opens,
+    from what its server reports. The core refuses larger params
+    (:class:`~taskmill.errors.InvalidParams`) and fails a task whose result is larger,
+    before the store sees them. None: no ceiling."""
 
     def lacking(self) -> tuple[str, ...]:
         """The names of the capabilities this backend declares it lacks, in field order."""
         return tuple(
-            field.name for field in attrs.fields(type(self)) if not getattr(self, field.name)
+            field.name for field in attrs.fields(type(self)) if getattr(self, field.name) is False
         )
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "check_timeout",
     "is_key",
     "is_task_id",
+    "is_text",
     "storable_error",
 ]
 
@@ -184,6 +185,16 @@ def is_key(value: object, max_length: int) -> bool:
     return isinstance(value, str) and len(value) <= max_length and _bad_character(value) is None
 
 
+def is_text(value: str) -> bool:
+    """Whether ``value`` is valid Unicode text (encodable as UTF-8: no lone
+    surrogates), which every store can keep."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def is_task_id(value: object) -> bool:
     """Whether ``value`` can be a stored task's id (no store can hold another)."""
     return is_key(value, TASK_ID_MAX)
@@ -228,7 +239,8 @@ def check_int(field: str, value: object, minimum: int, maximum: int) -> int:
 
 
 def check_run_at(value: object, *, field: str = "run_at") -> datetime:
-    """``value`` when it is a timezone-aware datetime in the stored range.
+    """``value`` in UTC when it is a timezone-aware datetime in the stored range (every
+    store hands timestamps back in UTC).
 
     :raises InvalidTaskSpec: it is not a datetime, is naive, or is out of range.
     """
@@ -253,7 +265,10 @@ def check_run_at(value: object, *, field: str = "run_at") -> datetime:
             f" {RUN_AT_MAX.isoformat()}, got {value.isoformat()}",
             field=field,
         )
-    return value
+    return value if value.utcoffset() == _ZERO and value.tzinfo is UTC else value.astimezone(UTC)
+
+
+_ZERO = timedelta(0)
 
 
 def check_delay(value: object, now: datetime) -> datetime:

@@ -68,6 +68,7 @@ from taskmill.storage import (
     StoreChange,
     utcnow,
 )
+from taskmill.validation import is_text
 from taskmill.waiting import cancel_and_wait, wait_event, within
 from taskmill.worker_host import WorkerHost
 from taskmill.worker_options import WorkerOptions
@@ -783,6 +784,10 @@ class Worker:
             except (TypeError, ValueError) as exc:
                 kind, outcome = FinishKind.FAIL, AttemptOutcome.FAILED
                 error = f"handler result is not JSON-serializable: {exc}"
+            else:
+                error = self._oversize_result(result_json)
+                if error is not None:
+                    kind, outcome, result_json = FinishKind.FAIL, AttemptOutcome.FAILED, None
         except Detached as exc:
             await self._hand_over(execution, exc)
             return
@@ -854,6 +859,28 @@ class Worker:
         if not execution.abandoned:
             self._queue_finish(finish, task)
         self._free_slot(execution)
+
+    def _oversize_result(self, result_json: str) -> str | None:
+        """The error of a result no store keeps (a lone surrogate) or larger than this
+        store keeps in one value, or None. Retrying would give the same result, so the
+        task fails at once."""
+        if not result_json.isascii() and not is_text(result_json):
+            return (
+                "handler result is not valid Unicode text (a string in it holds a lone"
+                " surrogate, often bytes decoded with errors='surrogateescape'); decode"
+                " it properly, or return bytes as base64"
+            )
+        ceiling = self._host.storage.capabilities.max_value_bytes
+        if ceiling is None or len(result_json) * 4 <= ceiling:
+            return None
+        size = len(result_json.encode("utf-8", "surrogatepass"))
+        if size <= ceiling:
+            return None
+        return (
+            f"handler result is {size} bytes as JSON, over the {ceiling} bytes"
+            f" {type(self._host.storage).__name__} keeps in one value; store large outputs"
+            " elsewhere and return a reference"
+        )
 
     async def _hand_over(self, execution: _Execution, detached: Detached) -> None:
         """The handler gave its attempt to another owner: free the slot at once, and

@@ -22,7 +22,10 @@ It then runs every test of every topic module: :mod:`~taskmill.testing.tasks`,
 :mod:`~taskmill.testing.dependencies`,
 :mod:`~taskmill.testing.control`, :mod:`~taskmill.testing.events`,
 :mod:`~taskmill.testing.migrations`, :mod:`~taskmill.testing.concurrency`,
-:mod:`~taskmill.testing.reference` and :mod:`~taskmill.testing.registrations`.
+:mod:`~taskmill.testing.reference`, :mod:`~taskmill.testing.registrations` and
+:mod:`~taskmill.testing.edges` (unusual input through a ``Taskmill`` on the store: the
+``edge_taskmill`` fixture, which a backend whose store cannot be rebuilt from its
+``url`` overrides).
 
 Two more fixtures have defaults a backend may override (:class:`StoreFixtures`):
 
@@ -49,6 +52,7 @@ from taskmill.testing.concurrency import ConcurrencyContract
 from taskmill.testing.control import ControlContract
 from taskmill.testing.dedupe import DedupeContract
 from taskmill.testing.dependencies import DependencyContract
+from taskmill.testing.edges import EdgeContract
 from taskmill.testing.events import EventContract
 from taskmill.testing.finish import FinishContract
 from taskmill.testing.fixtures import StorageFactory, StoreFixtures
@@ -94,6 +98,7 @@ class StorageContract(
     HandlerRegistrationContract,
     LifecycleContract,
     LimitContract,
+    EdgeContract,
 ):
     """The semantics every :class:`~taskmill.TaskStorage` must have: every topic's tests.
 

@@ -52,9 +52,17 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
+_FLOAT_EXACT_US: Final = 4_000_000_000 * 1_000_000
+"""Below this (the year 2096) a float of seconds still rounds back to the exact
+microsecond; beyond it the fast path would lose microseconds."""
+
+
 def as_datetime(us: int) -> datetime:
-    """A tz-aware UTC datetime from stored microseconds (exact for any real date)."""
-    return _fromtimestamp(us / 1e6, UTC)
+    """A tz-aware UTC datetime from stored microseconds (exact for any date taskmill
+    stores, 1970 to 9999)."""
+    if us < _FLOAT_EXACT_US:
+        return _fromtimestamp(us / 1e6, UTC)
+    return _EPOCH + timedelta(microseconds=us)
 
 
 def as_micros(value: datetime) -> int:
