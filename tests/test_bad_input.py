@@ -147,3 +147,14 @@ async def test_inconsistent_task_options_are_refused(tm: Taskmill, kwargs: dict,
     with pytest.raises(InvalidTaskSpec):
         await tm.enqueue("", {})
     assert await _snapshot(tm) == before
+
+
+def test_the_limits_table_in_the_docs_is_the_one_the_core_checks():
+    """docs/semantics.md's Limits table holds every row of taskmill.validation.LIMITS,
+    word for word, and no other row."""
+    from taskmill.validation import LIMITS
+
+    text = (Path(__file__).parent.parent / "docs" / "semantics.md").read_text()
+    section = text.split("## Limits\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    assert rows == [f"| `{limit.field}` | {limit.admits} |" for limit in LIMITS]

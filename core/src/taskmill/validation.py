@@ -151,8 +151,11 @@ LIMITS: Final[tuple[FieldLimit, ...]] = (
     ),
     FieldLimit(
         "params, data, result",
-        "JSON (params and data a JSON object), at most max_params_bytes of UTF-8 (params);"
-        " any key or string, NUL and emoji included",
+        "JSON, any key or string (NUL and emoji included; lone surrogates refused);"
+        " params and data a JSON object. params at most max_params_bytes of UTF-8 (1 MiB"
+        " by default); params and results at most the store's max_value_bytes (none on"
+        " SQLite and PostgreSQL; MongoDB's document size and MySQL's max_allowed_packet,"
+        " less a margin: 16 MiB by default)",
     ),
 )
 """Every limit, the same on every backend (docs/semantics.md renders this table)."""
