@@ -28,7 +28,8 @@ from taskmill.periodic import (
 )
 from taskmill.plugins import DISABLE_ENV, ENABLE_ENV, PluginInfo, Plugins
 from taskmill.registry import Handler, HandlerFunc, HandlerRegistry
-from taskmill.storage import TaskStorage
+from taskmill.storage import TaskStorage, utcnow
+from taskmill.validation import check_older_than
 from taskmill.worker import Worker
 from taskmill.worker_options import WorkerArgs, WorkerOptions
 
@@ -361,8 +362,12 @@ class Taskmill(TaskOperations):
     async def cleanup(self, older_than: timedelta, *, include_failed: bool = False) -> int:
         """Delete COMPLETED and CANCELLED tasks (and FAILED ones with
         ``include_failed``) that finished more than ``older_than`` ago, with their
-        execution logs. Returns how many were deleted."""
+        execution logs. Returns how many were deleted.
+
+        :raises InvalidTaskSpec: ``older_than`` is not a timedelta or is negative.
+        """
         self._check_open()
+        older_than = check_older_than(older_than, utcnow())
         statuses = {TaskStatus.COMPLETED, TaskStatus.CANCELLED}
         if include_failed:
             statuses.add(TaskStatus.FAILED)

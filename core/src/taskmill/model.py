@@ -226,7 +226,16 @@ def _tuple_or_none(value: Any) -> tuple[Any, ...] | None:
 
 def _statuses(value: Any) -> tuple[TaskStatus, ...] | None:
     items = _tuple_or_none(value)
-    return None if items is None else tuple(TaskStatus(s) for s in items)
+    if items is None:
+        return None
+    try:
+        return tuple(TaskStatus(s) for s in items)
+    except ValueError:
+        choices = ", ".join(s.value for s in TaskStatus)
+        raise InvalidTaskSpec(
+            f"statuses takes TaskStatus values ({choices}), not {list(items)!r}",
+            field="statuses",
+        ) from None
 
 
 def _storable_text(instance: Any, attribute: attrs.Attribute[Any], value: object) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import math
 import os
 import time
 import uuid
@@ -53,6 +54,7 @@ from taskmill.validation import (
     check_delay,
     check_int,
     check_key,
+    check_page,
     check_run_at,
     is_task_id,
 )
@@ -372,8 +374,10 @@ class TaskOperations:
         :param after: a task id: start right after that task's place in this order
             (keyset paging; see :meth:`TaskStorage.query`). An id this API cannot see
             (unknown, or another app's) selects nothing.
+        :raises InvalidTaskSpec: ``limit`` or ``offset`` is not an int from 0 to 2**31-1.
         """
         self._host._check_open()
+        check_page(limit, offset)
         if after is not None and (
             not is_task_id(after) or (self._app_id is not None and await self.get(after) is None)
         ):
@@ -391,8 +395,18 @@ class TaskOperations:
 
         :raises TaskNotFound: no such task.
         :raises WaitTimeout: still active after ``timeout`` seconds.
+        :raises InvalidTaskSpec: ``timeout`` is not None or a finite number >= 0.
         """
         self._host._check_open()
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not 0 <= timeout < math.inf
+        ):
+            raise InvalidTaskSpec(
+                f"timeout must be None or a finite number of seconds >= 0, got {timeout!r}",
+                field="timeout",
+            )
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.005
         while True:
@@ -510,8 +524,10 @@ class TaskOperations:
         finished task is returned unchanged.
 
         :raises TaskNotFound: no such task.
+        :raises InvalidTaskSpec: ``reason`` is not a :class:`CancelReason`.
         """
         self._host._check_open()
+        reason = _cancel_reason(reason)
         await self._require(task_id)
         changed = await self._host.storage.cancel(
             task_ids=[task_id], reason=reason, cascade=cascade
@@ -529,6 +545,7 @@ class TaskOperations:
         """Cancel every active task ``filter`` selects; returns how many tasks changed
         (cascaded children and aliases included)."""
         self._host._check_open()
+        reason = _cancel_reason(reason)
         scoped = self._scoped(filter)
         wanted = ACTIVE_STATUSES if scoped.statuses is None else set(scoped.statuses)
         active = tuple(s for s in TaskStatus if s in wanted and s in ACTIVE_STATUSES)
@@ -608,6 +625,16 @@ def _dependencies(spec: TaskSpec) -> tuple[str, ...]:
             "outcome and never waits for dependencies of its own; enqueue it without one"
         )
     return tuple(dict.fromkeys(spec.after))
+
+
+def _cancel_reason(reason: object) -> CancelReason:
+    try:
+        return CancelReason(reason)
+    except ValueError:
+        choices = ", ".join(r.value for r in CancelReason)
+        raise InvalidTaskSpec(
+            f"reason must be a CancelReason ({choices}), not {reason!r}", field="reason"
+        ) from None
 
 
 def _fresh_ids(n: int) -> list[str]:

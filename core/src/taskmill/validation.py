@@ -26,6 +26,7 @@ __all__ = [
     "ERROR_MAX",
     "LIMITS",
     "MAX_RETRIES_MAX",
+    "PAGE_MAX",
     "PRIORITY_MAX",
     "PRIORITY_MIN",
     "PROGRESS_MESSAGE_MAX",
@@ -41,6 +42,8 @@ __all__ = [
     "check_delay",
     "check_int",
     "check_key",
+    "check_older_than",
+    "check_page",
     "check_run_at",
     "check_timeout",
     "is_key",
@@ -335,6 +338,39 @@ def check_keys(field: str, values: Iterable[object], max_length: int) -> None:
     """:func:`check_key` for each of ``values``."""
     for value in values:
         check_key(field, value, max_length)
+
+
+PAGE_MAX: Final = 2**31 - 1
+"""The largest ``limit`` and ``offset`` of a query (every store's integers hold it)."""
+
+
+def check_page(limit: object, offset: object) -> None:
+    """Refuse a query page no store can take: ``limit`` and ``offset`` are ints from 0
+    to :data:`PAGE_MAX`.
+
+    :raises InvalidTaskSpec: naming the argument, the range and the value.
+    """
+    check_int("limit", limit, 0, PAGE_MAX)
+    check_int("offset", offset, 0, PAGE_MAX)
+
+
+def check_older_than(value: object, now: datetime) -> timedelta:
+    """A retention age: a timedelta >= 0, capped at the time since :data:`RUN_AT_MIN`
+    (no task finished earlier, and every store can subtract that from its clock).
+
+    :raises InvalidTaskSpec: not a timedelta, or negative.
+    """
+    if not isinstance(value, timedelta):
+        raise InvalidTaskSpec(
+            f"older_than must be a timedelta, not {type(value).__name__}", field="older_than"
+        )
+    if value < _ZERO:
+        raise InvalidTaskSpec(
+            f"older_than must be >= 0, got {value}; a negative age would delete tasks"
+            " finished in the future of the store's clock",
+            field="older_than",
+        )
+    return min(value, now - RUN_AT_MIN)
 
 
 _CUT = "\n[... {n} characters cut ...]\n"

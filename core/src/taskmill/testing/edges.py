@@ -356,6 +356,50 @@ class EdgeContract:
         assert two is not None and two.status is TaskStatus.FAILED
         assert two.error is not None and "progress message" in two.error and "4096" in two.error
 
+    @pytest.mark.parametrize(
+        ("call", "field"),
+        [
+            pytest.param(lambda tm: tm.query(limit=10**20), "limit", id="limit 10**20"),
+            pytest.param(lambda tm: tm.query(limit=-1), "limit", id="negative limit"),
+            pytest.param(lambda tm: tm.query(limit=1.5), "limit", id="float limit"),
+            pytest.param(lambda tm: tm.query(offset=2**63), "offset", id="offset 2**63"),
+            pytest.param(lambda tm: tm.query(offset=-5), "offset", id="negative offset"),
+            pytest.param(
+                lambda tm: tm.cleanup(timedelta(days=-1)), "older_than", id="negative age"
+            ),
+            pytest.param(lambda tm: tm.cleanup(3600), "older_than", id="age not a timedelta"),
+            pytest.param(
+                lambda tm: tm.query(TaskFilter(statuses=["bogus"])), "statuses", id="bad status"
+            ),
+            pytest.param(
+                lambda tm: tm.cancel_by_filter(TaskFilter(), reason="bogus"),
+                "reason",
+                id="bad cancel reason",
+            ),
+            pytest.param(lambda tm: tm.wait("x", timeout=math.nan), "timeout", id="NaN wait"),
+            pytest.param(lambda tm: tm.wait("x", timeout=-1), "timeout", id="negative wait"),
+        ],
+    )
+    async def test_reads_and_controls_out_of_range_are_refused(
+        self, edge_taskmill: Taskmill, call: Callable[[Taskmill], Awaitable[object]], field: str
+    ) -> None:
+        await edge_taskmill.enqueue("keep")
+        before = await self._everything(edge_taskmill)
+        with pytest.raises(InvalidTaskSpec) as excinfo:
+            await call(edge_taskmill)
+        assert excinfo.value.field == field
+        assert await self._everything(edge_taskmill) == before
+
+    async def test_the_longest_retention_age_deletes_what_finished(
+        self, edge_taskmill: Taskmill
+    ) -> None:
+        tm = edge_taskmill
+        task = await tm.enqueue("old")
+        await tm.cancel(task.id)
+        assert await tm.cleanup(timedelta.max) == 0  # finished just now: not older
+        assert await tm.cleanup(timedelta(0)) == 1
+        assert await tm.get(task.id) is None
+
     async def test_children_with_one_bad_spec_store_nothing(self, edge_taskmill: Taskmill) -> None:
         tm = edge_taskmill
         parent = await tm.enqueue("parent")
