@@ -158,3 +158,19 @@ def test_the_limits_table_in_the_docs_is_the_one_the_core_checks():
     section = text.split("## Limits\n", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     assert rows == [f"| `{limit.field}` | {limit.admits} |" for limit in LIMITS]
+
+
+def test_the_backoff_holds_for_any_attempt_number_and_refuses_bad_settings():
+    from taskmill.backoff import RetryPolicy
+    from taskmill.errors import Retry
+
+    # max_retries may be a billion: the 1,025th attempt's factor**n overflows a float.
+    assert RetryPolicy(jitter=0).delay(10**9) == 60.0
+    assert RetryPolicy(jitter=0).delay(1025) == 60.0
+    for bad in ({"maximum": math.inf}, {"base": -1}, {"factor": math.nan}, {"jitter": 2}):
+        with pytest.raises(ValueError, match="RetryPolicy"):
+            RetryPolicy(**bad)
+    for delay in (math.inf, -1, 1e12, True):
+        with pytest.raises(ValueError, match="100 years"):
+            Retry(delay=delay)
+    assert Retry(delay=3_155_760_000).delay == 3_155_760_000

@@ -143,17 +143,24 @@ class Retry(TaskmillError):
     ``delay`` (seconds) overrides the exponential backoff for this retry. The retry
     still counts as an attempt: a task never runs more than ``max_retries + 1`` times.
 
-    :raises ValueError: ``delay`` is not a finite number of seconds >= 0 (raised where
-        the handler builds the ``Retry``, so the attempt fails with that message and
-        is retried with the backoff; an infinite delay would be a task due never).
+    :raises ValueError: ``delay`` is not a finite number of seconds from 0 to 100 years
+        (raised where the handler builds the ``Retry``, so the attempt fails with that
+        message and is retried with the backoff; an infinite delay would be a task due
+        never).
     """
 
     def __init__(self, delay: float | None = None, message: str | None = None) -> None:
+        from taskmill.validation import DELAY_MAX  # validation imports this module
+
         if delay is not None and not (
-            isinstance(delay, int | float) and math.isfinite(delay) and delay >= 0
+            isinstance(delay, int | float)
+            and not isinstance(delay, bool)
+            and math.isfinite(delay)
+            and 0 <= delay <= DELAY_MAX
         ):
             raise ValueError(
-                f"Retry(delay=...) takes a finite number of seconds >= 0, got {delay!r}"
+                "Retry(delay=...) takes a finite number of seconds from 0 to"
+                f" {DELAY_MAX:.0f} (100 years), got {delay!r}"
             )
         self.delay = delay
         super().__init__(message or "handler asked for a retry")

@@ -23,6 +23,7 @@ from taskmill.errors import InvalidTaskSpec
 __all__ = [
     "APP_ID_MAX",
     "DEDUPE_KEY_MAX",
+    "DELAY_MAX",
     "ERROR_MAX",
     "LIMITS",
     "MAX_RETRIES_MAX",
@@ -77,6 +78,8 @@ MAX_RETRIES_MAX: Final = 1_000_000_000
 """The most retries a task may ask for (in effect: retry for ever)."""
 TIMEOUT_MAX: Final = 366 * 24 * 3600.0
 """The longest handler timeout, in seconds (366 days)."""
+DELAY_MAX: Final = 100 * 365.25 * 24 * 3600
+"""The longest delay, in seconds (100 years): of an enqueue, a ``Retry`` and a backoff."""
 RUN_AT_MIN: Final = datetime(1970, 1, 1, tzinfo=UTC)
 """The earliest ``run_at`` (a past one is due at once)."""
 RUN_AT_MAX: Final = datetime(9999, 1, 1, tzinfo=UTC)
@@ -132,10 +135,10 @@ LIMITS: Final[tuple[FieldLimit, ...]] = (
         max_value=MAX_RETRIES_MAX,
     ),
     FieldLimit(
-        "delay",
-        "a finite number of seconds >= 0 (or a timedelta) that puts run_at before"
-        f" {RUN_AT_MAX:%Y-%m-%d}",
+        "delay, Retry(delay=...)",
+        "a finite number of seconds from 0 to 3,155,760,000 (100 years), or a timedelta",
         min_value=0,
+        max_value=int(DELAY_MAX),
     ),
     FieldLimit(
         "run_at",
@@ -279,7 +282,7 @@ _ZERO = timedelta(0)
 
 def check_delay(value: object, now: datetime) -> datetime:
     """The ``run_at`` a ``delay`` from ``now`` gives: ``value`` seconds (int or float)
-    or a timedelta, finite, >= 0, landing before :data:`RUN_AT_MAX`.
+    or a timedelta, finite, from 0 to :data:`DELAY_MAX`.
 
     A negative delay is refused: to run now leave ``delay`` out; for a time that may
     have passed give ``run_at``, which may lie in the past.
@@ -305,11 +308,10 @@ def check_delay(value: object, now: datetime) -> datetime:
             " run_at for a time that may have passed",
             field="delay",
         )
-    room = (RUN_AT_MAX - now).total_seconds()
-    if seconds >= room:
+    if seconds > DELAY_MAX:
         raise InvalidTaskSpec(
-            f"delay of {seconds:g} s puts run_at past {RUN_AT_MAX.isoformat()}, the latest"
-            f" a task may run; the most from now is {room:.0f} s",
+            f"delay must be at most {DELAY_MAX:.0f} seconds (100 years), got {seconds:g};"
+            " for a task that may never run, do not enqueue it yet",
             field="delay",
         )
     return now + (value if isinstance(value, timedelta) else timedelta(seconds=seconds))
