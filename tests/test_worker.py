@@ -729,4 +729,4 @@ async def test_a_retry_delay_that_is_not_a_finite_number_fails_the_attempt_clear
         assert done is not None and done.status is TaskStatus.FAILED
         assert done.attempts == 2
         assert done.error is not None
-        assert "Retry(delay=...) takes a finite number of seconds >= 0" in done.error
+        assert "Retry(delay=...) takes a finite number of seconds from 0 to" in done.error

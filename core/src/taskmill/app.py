@@ -29,7 +29,7 @@ from taskmill.periodic import (
 from taskmill.plugins import DISABLE_ENV, ENABLE_ENV, PluginInfo, Plugins
 from taskmill.registry import Handler, HandlerFunc, HandlerRegistry
 from taskmill.storage import TaskStorage, utcnow
-from taskmill.validation import check_older_than
+from taskmill.validation import MAX_RETRIES_MAX, check_int, check_older_than
 from taskmill.worker import Worker
 from taskmill.worker_options import WorkerArgs, WorkerOptions
 
@@ -88,8 +88,10 @@ class Taskmill(TaskOperations):
             self.url = resolve_url(url)
             self.storage = storage_for_url(self.url, **storage_options)
         self.registry = HandlerRegistry()
-        self.max_params_bytes = max_params_bytes
-        self.default_max_retries = default_max_retries
+        self.max_params_bytes = check_int("max_params_bytes", max_params_bytes, 2, 2**40)
+        self.default_max_retries = check_int(
+            "default_max_retries", default_max_retries, 0, MAX_RETRIES_MAX
+        )
         self.auto_migrate = auto_migrate
         self.strict_types = strict_types
         self.schedules = Schedules()

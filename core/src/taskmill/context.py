@@ -90,9 +90,12 @@ class Context:
         *,
         on_cancel: Callable[[], None] | None = None,
         spawner: Spawner | None = None,
+        max_data_bytes: int | None = None,
     ) -> None:
         self._task = task
         self._spawner = spawner
+        self._max_data_bytes = max_data_bytes
+        self._data_chars = 0 if max_data_bytes is None or not task.data else len(dumps(task.data))
         try:
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -164,7 +167,9 @@ class Context:
     def set_data(self, **values: JSON) -> Awaitable[None]:
         """Merge ``values`` into the task's runtime ``data`` (persisted like progress).
 
-        :raises InvalidParams: a value is not JSON-serializable.
+        :raises InvalidParams: a value is not JSON-serializable, holds a lone surrogate,
+            or the data would grow past what the store keeps in one value
+            (``max_value_bytes``, docs/semantics.md "Limits").
         """
         try:
             text = dumps(values)
@@ -179,6 +184,22 @@ class Context:
                 field="data",
             )
         with self._lock:
+            limit = self._max_data_bytes
+            # An upper bound of the merged data's JSON length, in characters: the exact
+            # size is computed only when four bytes a character could pass the limit.
+            bound = self._data_chars + len(text)
+            if limit is not None and bound * 4 > limit:
+                merged = dumps({**self._data, **values})
+                size = len(merged.encode())
+                bound = len(merged)
+                if size > limit:
+                    raise InvalidParams(
+                        f"task data would be {size} bytes as JSON, over the {limit} bytes"
+                        " the store keeps in one value; keep large data elsewhere and store"
+                        " a reference",
+                        field="data",
+                    )
+            self._data_chars = bound
             self._data.update(values)
             self._data_dirty = self._touched = True
         return _DONE

@@ -159,9 +159,9 @@ LIMITS: Final[tuple[FieldLimit, ...]] = (
         "params, data, result",
         "JSON, any key or string (NUL and emoji included; lone surrogates refused);"
         " params and data a JSON object. params at most max_params_bytes of UTF-8 (1 MiB"
-        " by default); params and results at most the store's max_value_bytes (none on"
-        " SQLite and PostgreSQL; MongoDB's document size and MySQL's max_allowed_packet,"
-        " less a margin: 16 MiB by default)",
+        " by default); params, data and a result each at most the store's"
+        " max_value_bytes (unbounded on SQLite and PostgreSQL; on MongoDB and MySQL half"
+        " the document or packet size less 128 KiB: 8,323,072 bytes on default servers)",
     ),
 )
 """Every limit, the same on every backend (docs/semantics.md renders this table)."""

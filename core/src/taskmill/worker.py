@@ -713,7 +713,11 @@ class Worker:
             handler=handler,
             key=key,
             lease=lease,
-            ctx=Context(task, spawner=self._host.spawn_child),
+            ctx=Context(
+                task,
+                spawner=self._host.spawn_child,
+                max_data_bytes=self._host.storage.capabilities.max_value_bytes,
+            ),
             started_at=now,
             high=task.priority >= _HIGH_PRIORITY,
         )

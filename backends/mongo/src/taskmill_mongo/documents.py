@@ -7,6 +7,9 @@ prefixes and ``.`` inside are refused or unreachable by update operators on many
 versions), and a task's params may use any JSON key, so they are kept faithfully as text.
 ``leader_key`` is set only while the task is an active dedupe leader: the unique partial
 index on it makes two leaders of one key impossible, whatever the processes race.
+
+One document holds a whole task, so the server's largest document (``maxBsonObjectSize``,
+16 MiB on MongoDB) bounds the JSON values a task keeps: :func:`value_ceiling`.
 """
 
 from __future__ import annotations
@@ -17,11 +20,33 @@ from typing import Any, Final
 from taskmill.model import CancelReason, Progress, Task, TaskStatus
 from taskmill.serialization import dumps, loads
 
-__all__ = ["from_micros", "leader_key", "micros", "task", "task_document"]
+__all__ = [
+    "MARGIN",
+    "from_micros",
+    "leader_key",
+    "micros",
+    "task",
+    "task_document",
+    "value_ceiling",
+]
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _STATUS: Final = {s.value: s for s in TaskStatus}
 _REASON: Final = {r.value: r for r in CancelReason}
+
+MARGIN: Final = 128 * 1024
+"""Bytes of a task document left for everything beside its params and its result: its
+error (16,000 characters, at most 64,000 bytes as UTF-8), its progress message (4,096
+characters, 16 KiB), its ids, type, app id, dedupe key, leader key and user id (about
+16 KiB), and the field names, numbers and timestamps (under 1 KiB)."""
+
+
+def value_ceiling(max_document: int) -> int:
+    """The largest JSON value (UTF-8 bytes) a task keeps when the server's largest
+    document is ``max_document`` bytes: a task document holds its params and its result
+    together (and an alias its own params with its leader's result), so each gets half
+    of what the document holds beside :data:`MARGIN`."""
+    return (max_document - min(MARGIN, max_document // 2)) // 2
 
 
 def micros(value: datetime) -> int:

@@ -35,6 +35,10 @@ so it runs again on the new state), and the fence makes a lost race visible on a
 - **The clock** is the server's: ``hello``'s ``localTime`` gives the offset of the
   server clock from this process's, measured at ``open`` and every minute after (the
   round trip's midpoint), and every timestamp written is this clock plus the offset.
+- **Document size**: the same ``hello`` at ``open`` gives ``maxBsonObjectSize``, from
+  which the store's ``max_value_bytes`` is set
+  (:func:`~taskmill_mongo.documents.value_ceiling`); a write the driver or the server
+  still refuses as too large is :class:`~taskmill.errors.InvalidParams`.
 
 Why one long module: it is the storage class, one domain operation per method over the
 same transaction helper and document layout; split, each half would need the other's
@@ -64,16 +68,18 @@ from pymongo import (
 )
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.common import MAX_BSON_SIZE
 from pymongo.errors import (
     BulkWriteError,
     CollectionInvalid,
-    ConnectionFailure,
+    DocumentTooLarge,
     DuplicateKeyError,
     OperationFailure,
     PyMongoError,
 )
 from taskmill.cursors import position_token, token_position
 from taskmill.errors import (
+    InvalidParams,
     SchemaVersionError,
     StorageUnavailable,
     TaskmillError,
@@ -138,7 +144,14 @@ from taskmill.storage import (
     wall_clock,
 )
 
-from taskmill_mongo.documents import from_micros, leader_key, micros, task, task_document
+from taskmill_mongo.documents import (
+    from_micros,
+    leader_key,
+    micros,
+    task,
+    task_document,
+    value_ceiling,
+)
 from taskmill_mongo.listener import MongoChangeListener
 from taskmill_mongo.options import MongoOptions, parse_url, redact
 
@@ -196,6 +209,22 @@ _COLLECTIONS: Final = (
 # to settle, and the field an enqueue of a dependent writes to conflict with its end).
 _WAITING: Final = "waiting_on"
 _DEPENDENTS: Final = "dependents"
+_TOO_LARGE: Final = frozenset({10334, 17419, 17420})
+"""Server errors for a document over ``maxBsonObjectSize``: BSONObjectTooLarge, and
+(older servers) an update's or an upsert's resulting document too large. An insert just
+over it is refused with BadValue (2), "object to insert too large"."""
+
+
+def _too_large(exc: PyMongoError) -> bool:
+    """Whether the server refused a write because a document would be too large."""
+    if isinstance(exc, BulkWriteError):
+        errors = exc.details.get("writeErrors", [])
+        return any(_too_large_error(e.get("code"), str(e.get("errmsg", ""))) for e in errors)
+    return isinstance(exc, OperationFailure) and _too_large_error(exc.code, str(exc))
+
+
+def _too_large_error(code: int | None, message: str) -> bool:
+    return code in _TOO_LARGE or (code == 2 and "too large" in message)
 
 
 TASK_INDEXES: Final = [
@@ -347,6 +376,7 @@ class MongoStorage(TaskStorage):
         self._db: AsyncDatabase[Doc] | None = None
         self._offset = 0.0
         self._clock_at = 0.0
+        self._max_document = MAX_BSON_SIZE
         self._lock_ready = False
         # serialize_writes: the coroutines of this store queue here, so that only one of
         # them at a time polls the writer lock document (polls cost the server).
@@ -380,14 +410,31 @@ class MongoStorage(TaskStorage):
             "server (a replica set member or mongos) is running and reachable"
         )
 
+    def _document_too_large(self, exc: Exception) -> InvalidParams:
+        message = str(exc).replace(self.url, redact(self.url)).rstrip(".")
+        return InvalidParams(
+            f"MongoDB at {redact(self.url)} refused a document over its largest document "
+            f"size (maxBsonObjectSize, {self._max_document} bytes): {message}. A value "
+            "written is too large: keep params and results within the store's "
+            f"max_value_bytes ({value_ceiling(self._max_document)} bytes) and a task's "
+            "data well below it, storing large values elsewhere and passing a reference",
+            field=None,
+        )
+
     async def _guard(self, work: Awaitable[T]) -> T:
+        """Run ``work`` with the driver's errors mapped: a document over the server's
+        size limit is :class:`~taskmill.errors.InvalidParams` (nothing was written),
+        anything else :class:`~taskmill.errors.StorageUnavailable`; the driver's error
+        is the cause."""
         try:
             return await work
         except TaskmillError:
             raise
-        except (ConnectionFailure, OperationFailure) as exc:
-            raise self._unavailable(exc) from exc
+        except DocumentTooLarge as exc:  # refused by the driver, before sending
+            raise self._document_too_large(exc) from exc
         except PyMongoError as exc:
+            if _too_large(exc):
+                raise self._document_too_large(exc) from exc
             raise self._unavailable(exc) from exc
 
     async def _read(self, work: Coroutine[Any, Any, T]) -> T:
@@ -416,7 +463,8 @@ class MongoStorage(TaskStorage):
             )
         return self._db
 
-    async def _sync_clock(self, db: AsyncDatabase[Doc]) -> None:
+    async def _sync_clock(self, db: AsyncDatabase[Doc]) -> Doc:
+        """Measure the server clock's offset; the ``hello`` response it was read from."""
         before = wall_clock()
         hello = await db.client.admin.command("hello")
         after = wall_clock()
@@ -424,6 +472,7 @@ class MongoStorage(TaskStorage):
         if server is not None:
             self._offset = server.timestamp() - (before + after) / 2
         self._clock_at = time.monotonic()
+        return hello
 
     async def _now(self) -> int:
         """The server's clock, in microseconds since the epoch."""
@@ -611,14 +660,19 @@ class MongoStorage(TaskStorage):
                 await self._guard(self._create(db))
             else:
                 self._check_version(version)
-            await self._guard(self._sync_clock(db))
+            hello = await self._guard(self._sync_clock(db))
             offered = await self._guard(_change_streams_offered(db))
         except BaseException:
             await client.close()
             raise
+        self._max_document = int(hello.get("maxBsonObjectSize", MAX_BSON_SIZE))
         # Per instance, shadowing the class's declaration: the core and the contract
         # suite read ``storage.capabilities`` from the store object.
-        vars(self)["capabilities"] = attrs.evolve(type(self).capabilities, notifications=offered)
+        vars(self)["capabilities"] = attrs.evolve(
+            type(self).capabilities,
+            notifications=offered,
+            max_value_bytes=value_ceiling(self._max_document),
+        )
         self._client, self._db = client, db
 
     async def close(self) -> None:

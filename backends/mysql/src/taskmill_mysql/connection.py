@@ -7,7 +7,11 @@ that would make claimers deadlock each other) and the ``lock_wait_timeout`` opti
 ``innodb_lock_wait_timeout``. A deadlock (1213) or lock wait timeout (1205) rolled the
 transaction back: it is run again, a bounded number of times, from the start. A lost
 connection closes that connection (the pool opens a new one on the next call) and is
-reported as :class:`~taskmill.errors.StorageUnavailable`.
+reported as :class:`~taskmill.errors.StorageUnavailable`. A statement the server refuses
+as larger than its ``max_allowed_packet`` (and the lost connection or broken packet
+sequence that follows sending one) is the caller's
+:class:`~taskmill.errors.InvalidParams`, naming the limit (see
+:mod:`taskmill_mysql.packets`).
 """
 
 from __future__ import annotations
@@ -22,9 +26,18 @@ import aiomysql
 import pymysql
 import pymysql.converters
 from pymysql.constants import FIELD_TYPE
-from taskmill.errors import StorageUnavailable
+from taskmill.errors import InvalidParams, StorageUnavailable
 
 from taskmill_mysql.options import ParsedURL, redact
+from taskmill_mysql.packets import (
+    CHUNK,
+    DEFAULT_PACKET,
+    SLACK,
+    Run,
+    runs,
+    text_bytes,
+    value_ceiling,
+)
 
 __all__ = ["RETRIED", "Database", "Session", "is_unavailable"]
 
@@ -36,6 +49,9 @@ ER_LOCK_DEADLOCK and ER_LOCK_WAIT_TIMEOUT."""
 DUPLICATE_KEY: Final = 1062
 ACCESS_DENIED: Final = frozenset({1044, 1045, 1698})
 NO_SUCH_TABLE: Final = 1146
+TOO_LARGE: Final = frozenset({1153, 1301})
+"""Server errors for a packet or a value over ``max_allowed_packet``:
+ER_NET_PACKET_TOO_LARGE and ER_WARN_ALLOWED_PACKET_OVERFLOWED (an error in strict mode)."""
 _ATTEMPTS: Final = 8
 
 
@@ -72,7 +88,19 @@ def is_unavailable(exc: BaseException) -> bool:
         return True
     if isinstance(exc, pymysql.err.OperationalError):
         return error_code(exc) not in RETRIED
-    return False
+    # The driver's own protocol errors ("Packet sequence number wrong") carry no server
+    # error number: the connection is out of step and cannot be used again.
+    return isinstance(exc, pymysql.err.InternalError) and error_code(exc) is None
+
+
+def is_too_large(exc: BaseException, oversize: bool) -> bool:
+    """Whether ``exc`` is the server refusing a packet or value over its
+    ``max_allowed_packet``: its error number says so, or it is what follows sending a
+    packet known to be over it (``oversize``: a lost connection, a packet sequence out
+    of step)."""
+    if error_code(exc) in TOO_LARGE:
+        return True
+    return oversize and isinstance(exc, (pymysql.err.MySQLError, OSError))
 
 
 class Session:
@@ -85,14 +113,40 @@ class Session:
     round trip instead of one per statement. They run in order, in the same
     transaction; the server stops at the first that fails, and its error is raised
     where the packet is sent (the transaction is then rolled back, as for any error).
+
+    No packet exceeds ``packet`` (the server's ``max_allowed_packet``): statements that
+    would take the packet past it go in packets of their own first (a round trip each),
+    and multi-row statements are cut (:meth:`defer_values`). Only a single statement
+    over it is sent whole, to be refused; :attr:`oversize` then says so.
     """
 
-    __slots__ = ("_at", "_at_literal", "_deferred", "conn", "cursor")
+    __slots__ = (
+        "_at",
+        "_at_literal",
+        "_deferred",
+        "_pending",
+        "_sizes",
+        "conn",
+        "cursor",
+        "oversize",
+        "packet",
+        "room",
+    )
 
-    def __init__(self, conn: aiomysql.Connection, cursor: aiomysql.Cursor) -> None:
+    def __init__(
+        self, conn: aiomysql.Connection, cursor: aiomysql.Cursor, packet: int = DEFAULT_PACKET
+    ) -> None:
         self.conn = conn
         self.cursor = cursor
+        self.packet = packet
+        """The server's ``max_allowed_packet``."""
+        self.room = packet - SLACK
+        """The most bytes this session puts in one packet."""
+        self.oversize = False
+        """Whether a packet of ``packet`` bytes or more was sent (the server refuses it)."""
         self._deferred: list[str] = []
+        self._sizes: list[int] = []
+        self._pending = 0
         self._at: datetime | None = None
         self._at_literal = ""
 
@@ -134,39 +188,86 @@ class Session:
             return sql % {key: literal(value) for key, value in args.items()}
         return sql % tuple([literal(value) for value in args])
 
+    def _defer(self, text: str, size: int) -> None:
+        self._deferred.append(text)
+        size += 2  # the separator
+        self._sizes.append(size)
+        self._pending += size
+
     def defer(self, sql: str, args: Sequence[Any] | Mapping[str, Any] | None = None) -> None:
         """Run one statement whose result is not needed, with the next round trip."""
-        self._deferred.append(self.render(sql, args))
+        text = self.render(sql, args)
+        self._defer(text, text_bytes(text))
+
+    def runs(self, fixed: int, sizes: Sequence[int], most: int = CHUNK) -> list[Run]:
+        """How to cut a multi-row statement of ``fixed`` bytes besides its rows, whose
+        rows take ``sizes`` bytes, into statements that each fit a packet and hold at
+        most ``most`` rows (see :func:`~taskmill_mysql.packets.runs`)."""
+        return runs(sizes, self.room - fixed, most)
+
+    def value_runs(self, prefix: str, rows: Sequence[str], most: int = CHUNK) -> list[Run]:
+        """How :meth:`defer_values` cuts ``rows`` into statements."""
+        return self.runs(text_bytes(prefix), [text_bytes(row) + 2 for row in rows], most)
+
+    def defer_run(self, prefix: str, rows: Sequence[str], run: Run) -> None:
+        """Defer ``prefix`` followed by the rows of ``run`` (one of :meth:`value_runs`)."""
+        start, stop, size = run
+        self._defer(prefix + ", ".join(rows[start:stop]), text_bytes(prefix) + size)
+
+    def defer_values(self, prefix: str, rows: Sequence[str], most: int = CHUNK) -> None:
+        """Defer ``prefix`` (``INSERT ... VALUES ``) followed by ``rows`` (each one
+        rendered ``(...)``), as few statements as the packet allows, each of at most
+        ``most`` rows."""
+        for run in self.value_runs(prefix, rows, most):
+            self.defer_run(prefix, rows, run)
 
     def defer_rows(self, prefix: str, row: str, rows: Sequence[Sequence[Any]]) -> None:
-        """Defer one multi-row ``INSERT``: ``prefix`` (``INSERT ... VALUES``), then
-        ``row`` (its placeholders) filled in with each of ``rows``."""
+        """Defer a multi-row ``INSERT`` (:meth:`defer_values`): ``prefix`` (``INSERT ...
+        VALUES``), then ``row`` (its placeholders) filled in with each of ``rows``."""
         if rows:
             render = self.render
-            self._deferred.append(prefix + ", ".join([render(row, r) for r in rows]))
+            self.defer_values(prefix, [render(row, r) for r in rows])
+
+    async def _packet(self, statements: list[str], size: int) -> int:
+        """Send ``statements`` (``size`` bytes) as one packet; the last one's row count."""
+        if size >= self.packet - 1:
+            self.oversize = True
+        if len(statements) == 1:
+            return int(await self.cursor.execute(statements[0]))
+        await self.cursor.execute(";\n".join(statements))
+        for _ in range(len(statements) - 1):
+            result = await self.cursor.nextset()
+            assert result, "a multi-statement packet returned fewer results than statements"
+        return int(self.cursor.rowcount)
+
+    async def _send_deferred(self) -> int:
+        """Send the deferred statements, in as few packets as fit; the last one's row
+        count."""
+        statements, sizes, total = self._deferred, self._sizes, self._pending
+        self._deferred, self._sizes, self._pending = [], [], 0
+        if total <= self.room:
+            return await self._packet(statements, total)
+        count = 0
+        for start, stop, size in runs(sizes, self.room, len(statements)):
+            count = await self._packet(statements[start:stop], size)
+        return count
 
     async def _send(self, sql: str, args: Sequence[Any] | Mapping[str, Any] | None) -> int:
         """Run the deferred statements and then ``sql``; its row count."""
         text = self.render(sql, args)
         if not self._deferred:
-            return int(await self.cursor.execute(text))
-        deferred = self._deferred
-        self._deferred = []
-        deferred.append(text)
-        result = await self.cursor.execute(";\n".join(deferred))
-        for _ in range(len(deferred) - 1):
-            result = await self.cursor.nextset()
-            assert result, "a multi-statement packet returned fewer results than statements"
-        return int(self.cursor.rowcount)
+            return await self._packet([text], text_bytes(text))
+        self._defer(text, text_bytes(text))
+        return await self._send_deferred()
 
     async def flush(self) -> None:
         """Send the deferred statements now (without committing)."""
         if self._deferred:
-            await self._send(self._deferred.pop(), None)
+            await self._send_deferred()
 
     def begin(self) -> None:
         """Start the transaction, with the next round trip."""
-        self._deferred.append("START TRANSACTION")
+        self._defer("START TRANSACTION", 17)
 
     async def commit(self) -> None:
         """Commit, with the statements still deferred."""
@@ -192,7 +293,7 @@ class Session:
 
     async def executemany(self, sql: str, args: Sequence[Sequence[Any]]) -> None:
         """Run ``sql`` once per row of ``args``, deferred: an ``INSERT ... VALUES (row)``
-        as one multi-row statement (:meth:`defer_rows`), anything else one statement
+        as multi-row statements (:meth:`defer_rows`), anything else one statement
         per row."""
         prefix, values, row = sql.partition(" VALUES ")
         if values and prefix.lstrip().upper().startswith("INSERT"):
@@ -223,6 +324,9 @@ class Database:
         self.parsed = parsed
         self.url = url
         self.mariadb = True
+        self.packet = DEFAULT_PACKET
+        """The server's ``max_allowed_packet``, as :meth:`connect` read it before the
+        pool opened."""
         self._pool: aiomysql.Pool | None = None
 
     @property
@@ -239,6 +343,22 @@ class Database:
             detail += f"; {_password_hint(self.parsed)}"
         return StorageUnavailable(f"cannot {doing} {self.where}: {detail}")
 
+    def too_large(self, exc: BaseException) -> InvalidParams:
+        """``exc``, the server refusing a statement over its ``max_allowed_packet``, as
+        the error a caller sees: what was too large and what to do."""
+        detail = str(exc).strip() or type(exc).__name__
+        if self.parsed.password:
+            detail = detail.replace(self.parsed.password, "***")
+        return InvalidParams(
+            f"{self.where} refused a statement over its max_allowed_packet of {self.packet} "
+            f"bytes ({detail}): a value written is too large. Keep params and results "
+            f"within the store's max_value_bytes ({value_ceiling(self.packet)} bytes) and "
+            "a task's data well below it, storing large values elsewhere and passing a "
+            "reference; or raise max_allowed_packet on the server (SET GLOBAL "
+            "max_allowed_packet, and in its configuration) and open the store again",
+            field=None,
+        )
+
     def _init_command(self) -> str:
         isolation = "tx_isolation" if self.mariadb else "transaction_isolation"
         return (
@@ -248,7 +368,8 @@ class Database:
 
     async def connect(self) -> aiomysql.Connection:
         """A new connection outside the pool (migrations, inspection), with the session
-        settings; the caller closes it.
+        settings; the caller closes it. Reads the server's kind and, while the pool is
+        not open, its ``max_allowed_packet`` (:attr:`packet`) on the way.
 
         :raises StorageUnavailable: the server cannot be reached or refused the login.
         """
@@ -268,9 +389,11 @@ class Database:
             raise self.unavailable(exc, "connect to") from exc
         try:
             async with conn.cursor() as cursor:
-                await cursor.execute("SELECT VERSION()")
-                (version,) = await cursor.fetchone()
+                await cursor.execute("SELECT VERSION(), @@max_allowed_packet")
+                version, packet = await cursor.fetchone()
                 self.mariadb = "mariadb" in str(version).lower()
+                if not self.started:  # the pool's sessions keep the size read at open
+                    self.packet = int(packet)
                 await cursor.execute(self._init_command())
         except BaseException:
             conn.close()
@@ -331,6 +454,8 @@ class Database:
 
         :raises StorageUnavailable: the storage is not open, the server cannot be
             reached, or the transaction kept failing.
+        :raises InvalidParams: the server refused a statement over its
+            ``max_allowed_packet`` (nothing was written).
         """
         pool = self._pool
         if pool is None:
@@ -361,9 +486,10 @@ class Database:
         self, pool: aiomysql.Pool, fn: Callable[[Session], Awaitable[T]], transaction: bool
     ) -> T:
         conn = await pool.acquire()
+        session: Session | None = None
         try:
             async with conn.cursor() as cursor:
-                session = Session(conn, cursor)
+                session = Session(conn, cursor, self.packet)
                 if not transaction:
                     return await fn(session)
                 session.begin()
@@ -379,8 +505,11 @@ class Database:
                     raise
                 return result
         except BaseException as exc:
-            if is_unavailable(exc) or isinstance(exc, asyncio.CancelledError):
-                conn.close()
+            too_large = is_too_large(exc, session is not None and session.oversize)
+            if too_large or is_unavailable(exc) or isinstance(exc, asyncio.CancelledError):
+                conn.close()  # the server closes it after a packet too large
+            if too_large:
+                raise self.too_large(exc) from exc
             raise
         finally:
             pool.release(conn)

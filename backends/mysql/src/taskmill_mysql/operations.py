@@ -81,6 +81,7 @@ from taskmill.storage import (
 from taskmill_mysql import statements as sql
 from taskmill_mysql.connection import Session
 from taskmill_mysql.limits import apply_limits, spend_tokens
+from taskmill_mysql.packets import CHUNK, text_bytes
 from taskmill_mysql.rows import (
     CANCEL_REASON,
     ERROR,
@@ -125,7 +126,7 @@ Event = tuple[int, str, str, str, datetime]
 """An event to append: (task seq, task id, kind, status, at)."""
 
 
-def _chunks(items: Sequence[Any], size: int = sql.CHUNK) -> list[Sequence[Any]]:
+def _chunks(items: Sequence[Any], size: int = CHUNK) -> list[Sequence[Any]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
@@ -192,15 +193,14 @@ async def append_events(
              inserted.last),
         )  # fmt: skip
     literal = s.literal
-    for start in range(0, len(events), sql.CHUNK):
-        rows: list[str] = []
-        for seq, task_id, kind, status, when in events[start : start + sql.CHUNK]:
-            back -= 1
-            rows.append(
-                f"(LAST_INSERT_ID() - {back:d}, {seq:d}, {literal(task_id)}, "
-                f"{_QUOTED[kind]}, {_QUOTED[status]}, {literal(when)})"
-            )
-        s.defer(sql.INSERT_EVENTS + ", ".join(rows))
+    rows: list[str] = []
+    for seq, task_id, kind, status, when in events:
+        back -= 1
+        rows.append(
+            f"(LAST_INSERT_ID() - {back:d}, {seq:d}, {literal(task_id)}, "
+            f"{_QUOTED[kind]}, {_QUOTED[status]}, {literal(when)})"
+        )
+    s.defer_values(sql.INSERT_EVENTS, rows)
 
 
 async def _by_seq(s: Session, seqs: Sequence[int]) -> list[Row]:
@@ -361,9 +361,12 @@ async def enqueue(s: Session, args: tuple[Sequence[NewTask], bool]) -> list[Task
         stored.append(enqueued(new, now=at_dt, run_at=as_datetime(run_at), alias_of=alias_of))
     seq_of: dict[str, int] = {}
     ranges: list[Inserted] | None = []
-    for chunk in _chunks(values):
-        _insert_tasks(s, chunk)
-        ids = [row[0] for row in chunk]
+    rendered = _task_rows(s, values)
+    for run in s.value_runs(sql.INSERT_PREFIX, rendered):
+        # Each INSERT (as many rows as fit a packet), then its seqs: LAST_INSERT_ID()
+        # is the first seq of the last INSERT.
+        s.defer_run(sql.INSERT_PREFIX, rendered, run)
+        ids = [row[0] for row in values[run[0] : run[1]]]
         found = await s.fetchone(sql.INSERTED_SEQS, (ids[-1],))
         assert found is not None
         inserted = Inserted(int(found[0]), int(found[1]), len(ids))
@@ -392,19 +395,18 @@ async def enqueue(s: Session, args: tuple[Sequence[NewTask], bool]) -> list[Task
     return [known[new.id] for new in tasks]
 
 
-def _insert_tasks(s: Session, rows: Sequence[list[Any]]) -> None:
-    """Defer one multi-row ``INSERT`` (:data:`~taskmill_mysql.statements.INSERT_PREFIX`)
-    of ``rows`` (id, task type, created, run at, updated, app id, params, priority, max
-    retries, dedupe key, alias of, parent id, user id, waiting on), each rendered in one
-    format: the largest Python cost of a bulk enqueue was rendering row by row."""
+def _task_rows(s: Session, rows: Sequence[list[Any]]) -> list[str]:
+    """``rows`` (id, task type, created, run at, updated, app id, params, priority, max
+    retries, dedupe key, alias of, parent id, user id, waiting on) as the rendered rows
+    of :data:`~taskmill_mysql.statements.INSERT_PREFIX`, each in one format: the largest
+    Python cost of a bulk enqueue was rendering row by row."""
     literal = s.literal
-    text = [
+    return [
         f"({literal(i)}, {literal(t)}, 'pending', {literal(c)}, {literal(r)}, {literal(u)}, "
         f"{literal(a)}, {literal(p)}, '{{}}', {pr:d}, {mr:d}, {literal(k)}, {literal(al)}, "
         f"{literal(pa)}, {literal(us)}, {w:d})"
         for i, t, c, r, u, a, p, pr, mr, k, al, pa, us, w in rows
     ]
-    s.defer(sql.INSERT_PREFIX + ", ".join(text))
 
 
 def _claim_branches(
@@ -524,10 +526,12 @@ def _finish_literals(literal: Literal, finish: Finish, seq: int, at: datetime) -
 
 
 def _apply_finishes(s: Session, at: datetime, kind: FinishKind, rows: list[list[str]]) -> None:
-    """The batched finish statement of ``kind`` over ``rows`` (128 at a time)."""
+    """The batched finish statement of ``kind`` over ``rows``: 128 at a time, fewer
+    when their values would take a statement past the packet."""
     now = s.literal(at)
-    for start in range(0, len(rows), 128):
-        s.defer(sql.finish_sql(kind, rows[start : start + 128], now))
+    sizes = [sum([text_bytes(value) for value in row]) + sql.FINISH_ROW_BYTES for row in rows]
+    for start, stop, _ in s.runs(sql.finish_bytes(kind, now), sizes, most=128):
+        s.defer(sql.finish_sql(kind, rows[start:stop], now))
 
 
 def _attempt_literals(
@@ -658,7 +662,7 @@ async def _finish(
     if ended:
         await settle_dependents(s, ended, at, events)
     if log:
-        s.defer(sql.INSERT_ATTEMPTS + ", ".join(log))
+        s.defer_values(sql.INSERT_ATTEMPTS, log)
     await append_events(s, events)
     return results
 

@@ -65,8 +65,6 @@ def seq_list(seqs: Iterable[int]) -> str:
     return ", ".join([str(int(q)) for q in seqs])
 
 
-CHUNK: Final = 500
-"""Most ids bound in one ``IN (...)`` list."""
 NOW: Final = "SELECT NOW(6)"
 """The store clock: the server's, in UTC (the session's time zone is +00:00)."""
 ACTIVE: Final = "status IN ('pending', 'running')"
@@ -189,6 +187,16 @@ _FINISH_SETS: Final = {
 """Per finish kind, the ``SET`` list of :func:`finish_sql`, whose only placeholders
 are the store clock's (``%s``)."""
 assert all(text.count("%") == text.count("%s") for text in _FINISH_SETS.values())
+
+
+FINISH_ROW_BYTES: Final = 128
+"""Bytes of one row of :func:`finish_sql` besides its values (at most: ``UNION ALL
+SELECT`` and commas, or the column names of the first row)."""
+
+
+def finish_bytes(kind: FinishKind, now: str) -> int:
+    """Bytes of a :func:`finish_sql` statement of ``kind`` besides its rows."""
+    return len(_FINISH_SETS[kind].replace("%s", now)) + 64
 
 
 def finish_sql(kind: FinishKind, rows: Sequence[Sequence[str]], now: str) -> str:

@@ -16,6 +16,10 @@ Design (docs/backends.md, "MySQL / MariaDB", has the reasoning and the plans):
   commit order (AUTO_INCREMENT does not).
 - No LISTEN/NOTIFY: workers and event readers poll (``notifications`` is False).
 - The server clock (``NOW(6)``, UTC) is the store clock.
+- The server's ``max_allowed_packet``, read at ``open``, bounds every packet sent
+  (bulk writes are cut to fit, :mod:`taskmill_mysql.packets`) and sets the store's
+  ``max_value_bytes``; a statement the server still refuses as too large is
+  :class:`~taskmill.errors.InvalidParams`.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final, Self, TypeVar
 
+import attrs
 import pymysql
 from taskmill.model import (
     Attempt,
@@ -52,6 +57,7 @@ from taskmill.storage import (
 from taskmill_mysql import operations, schema
 from taskmill_mysql.connection import DUPLICATE_KEY, Database, Session, error_code
 from taskmill_mysql.options import parse_url, redact
+from taskmill_mysql.packets import value_ceiling
 
 __all__ = ["MySQLStorage"]
 
@@ -123,6 +129,9 @@ class MySQLStorage(TaskStorage):
 
         A missing or empty database gets the current schema. An older schema is
         migrated only with ``auto_migrate``. Opening an open storage does nothing.
+        The server's ``max_allowed_packet`` sets this store's
+        ``capabilities.max_value_bytes``
+        (:func:`~taskmill_mysql.packets.value_ceiling`).
 
         :raises SchemaVersionError: the stored schema is older (without
             ``auto_migrate``; the message names ``taskmill migrate --url ...``) or newer
@@ -149,6 +158,11 @@ class MySQLStorage(TaskStorage):
             finally:
                 conn.close()
             await self._db.start()
+            # Per instance, shadowing the class's declaration: the core reads
+            # ``storage.capabilities`` from the store object.
+            vars(self)["capabilities"] = attrs.evolve(
+                type(self).capabilities, max_value_bytes=value_ceiling(self._db.packet)
+            )
 
     async def close(self) -> None:
         """Close the pool's connections. Safe to call twice; operations called

@@ -17,12 +17,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
+import attrs
 import pytest
 
 from taskmill.app import Taskmill
 from taskmill.context import Context
 from taskmill.errors import InvalidInput, InvalidTaskSpec, TaskNotFound
 from taskmill.model import Task, TaskFilter, TaskStatus
+from taskmill.serialization import dumps
 from taskmill.storage import TaskStorage
 from taskmill.validation import (
     APP_ID_MAX,
@@ -258,7 +260,7 @@ class EdgeContract:
             assert excinfo.value.field == field
         assert await tm.suspensions() == []
 
-    async def test_handler_options_out_of_range_are_refused_at_registration(
+    async def test_handler_options_out_of_range_are_refused_when_a_handler_is_added(
         self, edge_taskmill: Taskmill
     ) -> None:
         async def handler(ctx: Context, params: dict[str, Any]) -> None:
@@ -399,6 +401,45 @@ class EdgeContract:
         assert await tm.cleanup(timedelta.max) == 0  # finished just now: not older
         assert await tm.cleanup(timedelta(0)) == 1
         assert await tm.get(task.id) is None
+
+    async def test_a_store_ceiling_refuses_params_data_and_results_over_it(
+        self, edge_taskmill: Taskmill
+    ) -> None:
+        # The ceiling a store declares (StorageCapabilities.max_value_bytes, set by MySQL
+        # and MongoDB from their servers) is enforced by the core, the same for any
+        # store: here a small one is set on this store object.
+        tm = edge_taskmill
+        ceiling = 2000
+        caps = attrs.evolve(tm.storage.capabilities, max_value_bytes=ceiling)
+        object.__setattr__(tm.storage, "capabilities", caps)
+        before = await self._everything(tm)
+        with pytest.raises(InvalidInput) as excinfo:
+            await tm.enqueue("big", {"b": "x" * ceiling})
+        assert excinfo.value.field == "params" and str(ceiling) in str(excinfo.value)
+        assert await self._everything(tm) == before
+
+        @tm.handler("big-result", max_retries=3)
+        async def big_result(ctx: Context, params: dict[str, Any]) -> str:
+            return _EMOJI * (ceiling // 4 + 1)
+
+        @tm.handler("big-data", max_retries=0)
+        async def big_data(ctx: Context, params: dict[str, Any]) -> None:
+            for _ in range(ceiling // 50):
+                await ctx.set_data(**{f"k{_}": "d" * 90})
+
+        result = await tm.enqueue("big-result")
+        data = await tm.enqueue("big-data")
+        fits = await tm.enqueue("big-result-fits")
+        await tm.run_worker(until_idle=True, concurrency=2)
+        failed = await tm.get(result.id)
+        assert failed is not None and failed.status is TaskStatus.FAILED
+        assert failed.attempts == 1, "a result over the ceiling is not retried"
+        assert failed.error is not None and str(ceiling) in failed.error
+        refused = await tm.get(data.id)
+        assert refused is not None and refused.status is TaskStatus.FAILED
+        assert refused.error is not None and "task data would be" in refused.error
+        assert len(dumps(refused.data).encode()) <= ceiling
+        assert (await tm.get(fits.id)) is not None
 
     async def test_children_with_one_bad_spec_store_nothing(self, edge_taskmill: Taskmill) -> None:
         tm = edge_taskmill

@@ -16,7 +16,13 @@ from types import TracebackType
 from typing import Any
 
 import httpx
-from taskmill.errors import StorageUnavailable, TaskmillError, TaskNotFound, WaitTimeout
+from taskmill.errors import (
+    InvalidInput,
+    StorageUnavailable,
+    TaskmillError,
+    TaskNotFound,
+    WaitTimeout,
+)
 from taskmill.model import (
     Attempt,
     CancelReason,
@@ -37,15 +43,21 @@ TaskSpecLike = TaskSpec | Mapping[str, Any]
 
 def raise_for_error(response: httpx.Response) -> None:
     """Raise the taskmill exception an error response stands for (nothing for a
-    success)."""
+    success); a refusal's ``field`` is the ``field`` of the ``InvalidInput`` raised."""
     if response.status_code < 400:
         return
+    field = None
     try:
         error = response.json()["error"]
         code, message = str(error["code"]), str(error["message"])
-    except (ValueError, KeyError, TypeError):
+        if isinstance(error.get("field"), str):
+            field = error["field"]
+    except (ValueError, KeyError, TypeError, AttributeError):
         code, message = "http", f"HTTP {response.status_code}: {response.text[:200]}"
-    raise CODE_EXCEPTIONS.get(code, TaskmillError)(message)
+    kind = CODE_EXCEPTIONS.get(code, TaskmillError)
+    if field is not None and issubclass(kind, InvalidInput):
+        raise kind(message, field=field)
+    raise kind(message)
 
 
 def _spec_body(value: TaskSpecLike) -> dict[str, Any]:

@@ -1,14 +1,20 @@
 """Errors of the service: one JSON shape, one status per kind of mistake.
 
-Every error answer is ``{"error": {"code": "...", "message": "..."}}``. The ``code`` is
-stable (clients branch on it, :class:`~taskmill_http.Client` turns it back into the
-taskmill exception the same call raises in process); the message is for people.
+Every error answer is ``{"error": {"code": "...", "message": "...", "field": "..."}}``.
+The ``code`` is stable (clients branch on it, :class:`~taskmill_http.Client` turns it
+back into the taskmill exception the same call raises in process); the message is for
+people; ``field``, present when one value was refused, names it (the
+:attr:`taskmill.errors.InvalidInput.field` of the core's refusal, or the body field,
+path or query parameter the service refused).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from taskmill.errors import (
     InvalidCursor,
+    InvalidInput,
     InvalidParams,
     InvalidTaskSpec,
     InvalidTransition,
@@ -20,12 +26,14 @@ from taskmill.errors import (
 
 
 class ServiceError(TaskmillError):
-    """A request the service refuses, with its HTTP status and error code."""
+    """A request the service refuses, with its HTTP status, error code and, when one
+    value is to blame, the ``field`` that holds it."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
+        self.field = field
 
 
 class Unauthorized(TaskmillError):
@@ -93,3 +101,19 @@ def status_of(exc: TaskmillError) -> tuple[int, str]:
         if isinstance(exc, kind):
             return status, code
     return 422, "invalid_request"
+
+
+def field_of(exc: TaskmillError) -> str | None:
+    """The field a refusal names (None when it names none)."""
+    if isinstance(exc, InvalidInput | ServiceError):
+        return exc.field
+    return None
+
+
+def error_body(code: str, message: str, field: str | None = None) -> dict[str, Any]:
+    """The one error shape: ``{"error": {"code", "message"}}``, with ``field`` in
+    ``error`` when the refusal names one."""
+    detail: dict[str, Any] = {"code": code, "message": message}
+    if field is not None:
+        detail["field"] = field
+    return {"error": detail}

@@ -1,8 +1,10 @@
 """Reading requests safely: bounded bodies, strict JSON, validated query parameters.
 
 Everything here raises :class:`~taskmill_http.errors.ServiceError` with the status the
-mistake deserves (400, 413, 422), so that no input can reach the store in a shape that
-would make it fail with a 500.
+mistake deserves (400, 413, 422) and the ``field`` at fault, so that no input reaches
+the core in a shape it would not refuse cleanly. The values themselves (lengths, ranges,
+NUL) are the core's to refuse (:mod:`taskmill.validation`); the service answers those
+refusals as 422 with the same ``field``.
 """
 
 from __future__ import annotations
@@ -14,9 +16,15 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-import attrs
 from starlette.requests import Request
 from taskmill.model import TaskStatus
+from taskmill.validation import (
+    APP_ID_MAX,
+    DEDUPE_KEY_MAX,
+    TASK_ID_MAX,
+    TASK_TYPE_MAX,
+    USER_ID_MAX,
+)
 
 from taskmill_http.bodies import BodyError, structure
 from taskmill_http.errors import ServiceError
@@ -24,12 +32,26 @@ from taskmill_http.errors import ServiceError
 T = TypeVar("T")
 
 MAX_IDENTIFIER = 200
-"""The longest task type, dedupe key, user id, app id or task id the service accepts (a
-longer one could not be indexed by every store)."""
-INT64 = 2**63
+"""The longest other name in a path or query parameter (a cursor, an event position,
+an external job's id, an app event's kind)."""
+KEY_MAX: dict[str, int] = {
+    "task_type": TASK_TYPE_MAX,
+    "task_types": TASK_TYPE_MAX,
+    "app_id": APP_ID_MAX,
+    "user_id": USER_ID_MAX,
+    "dedupe_key": DEDUPE_KEY_MAX,
+    "parent_id": TASK_ID_MAX,
+    "task_id": TASK_ID_MAX,
+}
+"""The longest value of each key a path or query parameter names: the core's limits
+(a longer one names nothing any store holds)."""
 MAX_SECONDS = 100 * 365 * 86400.0
-"""The longest delay or age (100 years) a request may name."""
-_IDENTIFIERS = frozenset({"task_type", "dedupe_key", "user_id", "parent_id", "app_id"})
+"""The longest retention age or retry delay (100 years) a request may name."""
+
+
+def max_length(name: str) -> int:
+    """The longest value the path or query parameter ``name`` takes."""
+    return KEY_MAX.get(name, MAX_IDENTIFIER)
 
 
 def _refuse_constant(name: str) -> Any:
@@ -71,20 +93,18 @@ async def read_json(request: Request, max_bytes: int, *, required: bool = True) 
 
 
 def body_as(value: Any, cls: type[T]) -> T:
-    """A parsed JSON body as the attrs class ``cls``, with its identifiers checked.
+    """A parsed JSON body as the attrs class ``cls``, each field of its JSON type (its
+    values are for the core to check).
 
-    :raises ServiceError: 422 ``invalid_body`` naming every problem.
+    :raises ServiceError: 422 ``invalid_body`` naming every problem, with the first
+        field at fault.
     """
     if not isinstance(value, dict):
         raise ServiceError(422, "invalid_body", "the body must be a JSON object")
     try:
-        result = structure(value, cls)
+        return structure(value, cls)
     except BodyError as exc:
-        raise ServiceError(422, "invalid_body", str(exc)) from None
-    for field in attrs.fields(type(result)):  # type: ignore[arg-type]
-        if field.name in _IDENTIFIERS:
-            check_identifier(field.name, getattr(result, field.name))
-    return result
+        raise ServiceError(422, "invalid_body", str(exc), field=exc.field) from None
 
 
 def list_body(value: Any, cls: type[T], max_items: int) -> list[T]:
@@ -104,26 +124,31 @@ def list_body(value: Any, cls: type[T], max_items: int) -> list[T]:
         try:
             items.append(body_as(item, cls))
         except ServiceError as exc:
-            raise ServiceError(exc.status, exc.code, f"item {i}: {exc}") from None
+            raise ServiceError(exc.status, exc.code, f"item {i}: {exc}", field=exc.field) from None
     return items
 
 
 def check_identifier(name: str, value: str | None) -> None:
-    """:raises ServiceError: 422 when ``value`` is empty, too long or holds a NUL."""
+    """:raises ServiceError: 422 when ``value`` (a path parameter, or another name the
+    core does not check) is empty, longer than :func:`max_length` or holds a NUL."""
     if value is None:
         return
-    if not value or len(value) > MAX_IDENTIFIER or "\x00" in value:
+    longest = max_length(name)
+    if not value or len(value) > longest or "\x00" in value:
         raise ServiceError(
             422,
             "invalid_body",
-            f"{name} must be 1 to {MAX_IDENTIFIER} characters without NUL",
+            f"{name} must be 1 to {longest} characters without NUL",
+            field=name,
         )
 
 
 def check_int(name: str, value: int | None, low: int, high: int) -> None:
     """:raises ServiceError: 422 when ``value`` is outside ``[low, high]``."""
     if value is not None and not low <= value <= high:
-        raise ServiceError(422, "invalid_body", f"{name} must be between {low} and {high}")
+        raise ServiceError(
+            422, "invalid_body", f"{name} must be between {low} and {high}", field=name
+        )
 
 
 def finite(value: float) -> bool:
@@ -135,7 +160,10 @@ def check_seconds(name: str, value: float | None, *, low: float = -MAX_SECONDS) 
     """:raises ServiceError: 422 for a duration outside ``[low, 100 years]``."""
     if value is not None and not low <= value <= MAX_SECONDS:
         raise ServiceError(
-            422, "invalid_body", f"{name} must be between {low:g} and {MAX_SECONDS:g} seconds"
+            422,
+            "invalid_body",
+            f"{name} must be between {low:g} and {MAX_SECONDS:g} seconds",
+            field=name,
         )
 
 
@@ -148,8 +176,13 @@ def query_values(request: Request, name: str) -> list[str]:
     for raw in request.query_params.getlist(name):
         values.extend(v for v in raw.split(",") if v)
     for value in values:
-        if "\x00" in value or len(value) > MAX_IDENTIFIER:
-            raise ServiceError(422, "invalid_query", f"{name}: a value is too long or has a NUL")
+        if "\x00" in value or len(value) > max_length(name):
+            raise ServiceError(
+                422,
+                "invalid_query",
+                f"{name}: a value is over {max_length(name)} characters or has a NUL",
+                field=name,
+            )
     return values
 
 
@@ -159,8 +192,13 @@ def query_one(request: Request, name: str) -> str | None:
     if not values:
         return None
     value = values[-1]
-    if not value or "\x00" in value or len(value) > MAX_IDENTIFIER:
-        raise ServiceError(422, "invalid_query", f"{name} must be 1 to {MAX_IDENTIFIER} characters")
+    if not value or "\x00" in value or len(value) > max_length(name):
+        raise ServiceError(
+            422,
+            "invalid_query",
+            f"{name} must be 1 to {max_length(name)} characters without NUL",
+            field=name,
+        )
     return value
 
 
@@ -172,7 +210,9 @@ def query_statuses(request: Request) -> tuple[TaskStatus, ...] | None:
         return tuple(TaskStatus(v) for v in values)
     except ValueError:
         choices = ", ".join(s.value for s in TaskStatus)
-        raise ServiceError(422, "invalid_query", f"status must be one of {choices}") from None
+        raise ServiceError(
+            422, "invalid_query", f"status must be one of {choices}", field="status"
+        ) from None
 
 
 def query_datetime(request: Request, name: str) -> datetime | None:
@@ -185,7 +225,10 @@ def query_datetime(request: Request, name: str) -> datetime | None:
         moment = None
     if moment is None or moment.utcoffset() is None:
         raise ServiceError(
-            422, "invalid_query", f"{name} must be an ISO-8601 datetime with a UTC offset"
+            422,
+            "invalid_query",
+            f"{name} must be an ISO-8601 datetime with a UTC offset",
+            field=name,
         )
     return moment
 
@@ -201,7 +244,9 @@ def query_int(request: Request, name: str, default: int, low: int, cap: int) -> 
     except ValueError:
         number = low - 1
     if number < low:
-        raise ServiceError(422, "invalid_query", f"{name} must be an integer of at least {low}")
+        raise ServiceError(
+            422, "invalid_query", f"{name} must be an integer of at least {low}", field=name
+        )
     return min(number, cap)
 
 
@@ -229,14 +274,19 @@ def decode_cursor(request: Request) -> str | None:
             return text[1:]
     except (binascii.Error, UnicodeDecodeError, ValueError):
         pass
-    raise ServiceError(422, "invalid_query", "cursor is not one this service handed out")
+    raise ServiceError(
+        422, "invalid_query", "cursor is not one this service handed out", field="cursor"
+    )
 
 
 def ensure_own_app(caller_app: str | None, named: str | None) -> None:
     """:raises ServiceError: 403 when an app token names another app in a filter."""
     if caller_app is not None and named is not None and named != caller_app:
         raise ServiceError(
-            403, "other_app", f"this token acts for app {caller_app!r}, not {named!r}"
+            403,
+            "other_app",
+            f"this token acts for app {caller_app!r}, not {named!r}",
+            field="app_id",
         )
 
 
@@ -248,4 +298,5 @@ def refuse_app_id(caller_app: str | None, named: Sequence[str | None]) -> None:
             422,
             "app_id_not_allowed",
             "the app comes from the token; remove app_id from the body",
+            field="app_id",
         )

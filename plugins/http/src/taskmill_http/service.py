@@ -3,8 +3,9 @@
 Every request is authenticated first (401 without a known token), then runs the same
 operation as ``tm.for_app(app_id)`` for an app token, or as ``tm`` itself for an admin
 token: a task of another app is 404, a filter naming another app is 403, an ``app_id``
-in an app token's body is 422. Errors are ``{"error": {"code", "message"}}``; bad input
-is never a 500.
+in an app token's body is 422. Errors are ``{"error": {"code", "message"}}``, with the
+refused ``field`` when there is one; bad input is never a 500. The values of a body are
+the core's to check (:mod:`taskmill.validation`): its refusals are answered as 422.
 
 Why one long module: it is the route table of SPEC section 10, one small handler per
 endpoint in the order of the OpenAPI document; the bodies, errors, tokens, events and
@@ -25,6 +26,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
+from taskmill import validation
 from taskmill.app import Taskmill
 from taskmill.backoff import RetryPolicy
 from taskmill.errors import TaskmillError
@@ -46,6 +48,7 @@ from taskmill.storage import Finish, FinishKind, HandlerRegistration, Lease, Pro
 
 from taskmill_http import requests as rq
 from taskmill_http.bodies import (
+    HANDLER_CONCURRENCY_MAX,
     AppEventBody,
     CancelBody,
     CancelledCount,
@@ -66,7 +69,7 @@ from taskmill_http.bodies import (
     TaskSpecBody,
 )
 from taskmill_http.coalescing import CreateCoalescer
-from taskmill_http.errors import ServiceError, status_of
+from taskmill_http.errors import ServiceError, error_body, field_of, status_of
 from taskmill_http.events import APP_ENTITY, EXTERNAL_JOB_UPDATE, EventHub
 from taskmill_http.handler import parse_lease
 from taskmill_http.jobs import (
@@ -209,9 +212,10 @@ def json_response(value: Any, status: int = 200) -> Response:
     )
 
 
-def error_response(status: int, code: str, message: str) -> Response:
-    """The one error shape: ``{"error": {"code", "message"}}``."""
-    body = {"error": {"code": code, "message": message}}
+def error_response(status: int, code: str, message: str, field: str | None = None) -> Response:
+    """The one error shape: ``{"error": {"code", "message"}}``, with ``"field"`` in
+    ``error`` when one value was refused."""
+    body = error_body(code, message, field)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     return Response(dumps(body), status, media_type="application/json", headers=headers)
 
@@ -220,9 +224,8 @@ def error_response(status: int, code: str, message: str) -> Response:
 
 
 def _spec(caller: Caller, body: TaskSpecBody) -> TaskSpec:
-    rq.check_int("priority", body.priority, -rq.INT64, rq.INT64 - 1)
-    rq.check_int("max_retries", body.max_retries, 0, 1_000_000)
-    rq.check_seconds("delay", body.delay)
+    # The values are checked by the core when it builds the task (taskmill.validation):
+    # a refusal is an InvalidTaskSpec naming the field, answered as 422.
     return TaskSpec(
         task_type=body.task_type,
         params=body.params,
@@ -306,8 +309,6 @@ async def create_children(call: Call) -> list[Task]:
 async def cancel_tasks(call: Call) -> CancelledCount:
     body = rq.body_as(call.body, FilterBody)
     rq.ensure_own_app(call.caller.app_id, body.app_id)
-    for task_type in body.task_types or ():
-        rq.check_identifier("task_types", task_type)
     filter = TaskFilter(
         app_id=body.app_id,
         task_types=tuple(body.task_types) if body.task_types is not None else None,
@@ -388,16 +389,22 @@ async def publish_app_event(call: Call) -> Published:
     body = rq.body_as(call.body, AppEventBody)
     rq.refuse_app_id(call.caller.app_id, [body.app_id])
     rq.check_identifier("kind", body.kind)
-    app_id = call.caller.app_id if call.caller.app_id is not None else body.app_id
+    app_id = _named_app(call, body.app_id)
     data = {"app_id": app_id, "kind": body.kind, "scope": body.scope, "payload": body.payload}
     await call.service.hub.start()
     position = call.service.hub.publish(APP_ENTITY, app_id, data)
     return Published(position=str(position))
 
 
-def _job_app(call: Call, named: str | None = None) -> str | None:
+def _named_app(call: Call, named: str | None) -> str | None:
+    """The token's app, or the app an admin token's body names (checked as the core
+    checks every app id: this one reaches no operation of the core)."""
     rq.refuse_app_id(call.caller.app_id, [named])
-    return call.caller.app_id if call.caller.app_id is not None else named
+    if call.caller.app_id is not None:
+        return call.caller.app_id
+    if named is not None:
+        validation.check_key("app_id", named, validation.APP_ID_MAX)
+    return named
 
 
 def _published(call: Call, job: ExternalJob) -> ExternalJob:
@@ -408,7 +415,7 @@ def _published(call: Call, job: ExternalJob) -> ExternalJob:
 async def upsert_job(call: Call) -> ExternalJob:
     body = rq.body_as(call.body, UpsertJobBody)
     await call.service.hub.start()  # its position names the store's cursor
-    app_id = _job_app(call, body.app_id)
+    app_id = _named_app(call, body.app_id)
     return _published(call, call.service.jobs.upsert(app_id, call.path("job_id"), body))
 
 
@@ -416,14 +423,14 @@ async def job_progress(call: Call) -> ExternalJob:
     body = rq.body_as(call.body, ProgressBody)
     await call.service.hub.start()  # its position names the store's cursor
     job_id = call.path("job_id")
-    return _published(call, call.service.jobs.progress(_job_app(call), job_id, body))
+    return _published(call, call.service.jobs.progress(_named_app(call, None), job_id, body))
 
 
 async def complete_job(call: Call) -> ExternalJob:
     body = rq.body_as(call.body, CompleteJobBody)
     await call.service.hub.start()  # its position names the store's cursor
     job_id = call.path("job_id")
-    return _published(call, call.service.jobs.complete(_job_app(call), job_id, body))
+    return _published(call, call.service.jobs.complete(_named_app(call, None), job_id, body))
 
 
 async def list_jobs(call: Call) -> list[ExternalJob]:
@@ -434,20 +441,21 @@ async def list_jobs(call: Call) -> list[ExternalJob]:
 
 
 def _handler_key(call: Call, named: str | None) -> tuple[str | None, str]:
-    rq.refuse_app_id(call.caller.app_id, [named])
-    app_id = call.caller.app_id if call.caller.app_id is not None else named
-    return app_id, call.path("task_type")
+    return _named_app(call, named), call.path("task_type")
 
 
 async def put_handler(call: Call) -> HandlerRegistration:
     body = rq.body_as(call.body, HandlerBody)
     app_id, task_type = _handler_key(call, body.app_id)
     if not body.url.startswith(("http://", "https://")) or len(body.url) > 2000:
-        raise ServiceError(422, "invalid_body", "url must be an http:// or https:// URL")
-    if body.timeout is not None and not 0 < body.timeout <= rq.MAX_SECONDS:
-        raise ServiceError(422, "invalid_body", "timeout must be > 0 seconds")
-    rq.check_int("max_retries", body.max_retries, 0, 1_000_000)
-    rq.check_int("concurrency", body.concurrency, 1, 1_000_000)
+        raise ServiceError(
+            422, "invalid_body", "url must be an http:// or https:// URL", field="url"
+        )
+    # Stored as it is, not through Taskmill.handler: the same checks of the options.
+    validation.check_timeout(body.timeout)
+    if body.max_retries is not None:
+        validation.check_int("max_retries", body.max_retries, 0, validation.MAX_RETRIES_MAX)
+    rq.check_int("concurrency", body.concurrency, 1, HANDLER_CONCURRENCY_MAX)
     registration = HandlerRegistration(
         task_type=task_type,
         url=body.url,
@@ -590,10 +598,22 @@ _REPORTED = {
 }
 
 
-_STRING = {"type": "string"}
-TASK_ID = Param("task_id", _STRING, "the task's id", where="path")
-JOB_ID = Param("job_id", _STRING, "the external job's id (its owner's choice)", where="path")
-TASK_TYPE = Param("task_type", _STRING, "the task type the handler serves", where="path")
+def _text(name: str) -> dict[str, Any]:
+    """The schema of the path or query parameter ``name``: a string of at most the
+    length the service takes (the core's limit for a key)."""
+    return {"type": "string", "maxLength": rq.max_length(name)}
+
+
+def _name(name: str) -> dict[str, Any]:
+    """:func:`_text`, non-empty (a path segment, a task type)."""
+    return {**_text(name), "minLength": 1}
+
+
+TASK_ID = Param("task_id", _name("task_id"), "the task's id", where="path")
+JOB_ID = Param(
+    "job_id", _name("job_id"), "the external job's id (its owner's choice)", where="path"
+)
+TASK_TYPE = Param("task_type", _name("task_type"), "the task type the handler serves", where="path")
 FILTER_PARAMS = (
     Param(
         "status",
@@ -603,14 +623,14 @@ FILTER_PARAMS = (
     ),
     Param(
         "task_type",
-        {"type": "array", "items": _STRING},
+        {"type": "array", "items": _text("task_type")},
         "only these task types (repeat it, or separate with commas)",
         repeated=True,
     ),
-    Param("app_id", _STRING, "only this app (an app token may name only its own)"),
-    Param("parent_id", _STRING, "only children of this task"),
-    Param("user_id", _STRING, "only tasks this user asked for"),
-    Param("dedupe_key", _STRING, "only tasks with this dedupe key"),
+    Param("app_id", _name("app_id"), "only this app (an app token may name only its own)"),
+    Param("parent_id", _name("parent_id"), "only children of this task"),
+    Param("user_id", _name("user_id"), "only tasks this user asked for"),
+    Param("dedupe_key", _name("dedupe_key"), "only tasks with this dedupe key"),
     Param(
         "created_after",
         {"type": "string", "format": "date-time"},
@@ -653,7 +673,7 @@ TASK_ENDPOINTS: tuple[Endpoint, ...] = (
         params=(
             *FILTER_PARAMS,
             Param("limit", {"type": "integer", "minimum": 1}, "page size (default 100)"),
-            Param("cursor", _STRING, "the next_cursor of the previous page"),
+            Param("cursor", _name("cursor"), "the next_cursor of the previous page"),
         ),
         errors=(403, 410),
     ),
@@ -794,7 +814,7 @@ HANDLER_ENDPOINTS: tuple[Endpoint, ...] = (
         Deleted,
         params=(
             TASK_TYPE,
-            Param("app_id", _STRING, "the app of the handler (admin tokens only)"),
+            Param("app_id", _name("app_id"), "the app of the handler (admin tokens only)"),
         ),
         errors=(404,),
     ),
@@ -833,7 +853,7 @@ EVENT_ENDPOINTS: tuple[Endpoint, ...] = (
             *FILTER_PARAMS,
             Param(
                 "since",
-                _STRING,
+                _name("since"),
                 "resume after this position (an event id T.L, or T: a task event's "
                 "cursor, an opaque token of the store); the Last-Event-ID header wins "
                 "over it. A position the store did not write is a 422 invalid_cursor",
@@ -913,7 +933,7 @@ def _route(service: Service, endpoint: Endpoint) -> Route:
             status, code = status_of(exc)
             if status >= 500:
                 log.warning("%s %s: %s", request.method, request.url.path, exc)
-            return error_response(status, code, str(exc))
+            return error_response(status, code, str(exc), field_of(exc))
         except Exception:
             log.exception("%s %s failed", request.method, request.url.path)
             return error_response(500, "internal", "the service failed; see its log")
