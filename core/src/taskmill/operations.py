@@ -22,7 +22,6 @@ import attrs
 
 from taskmill.errors import (
     InvalidTaskSpec,
-    TaskmillError,
     TaskNotFound,
     UnknownTaskType,
     WaitTimeout,
@@ -598,7 +597,8 @@ class AppTasks(TaskOperations):
 
     def __init__(self, host: Taskmill, app_id: str) -> None:
         if not app_id or not isinstance(app_id, str):
-            raise TaskmillError("an app id is a non-empty string")
+            raise InvalidTaskSpec("an app id is a non-empty string", field="app_id")
+        check_key("app_id", app_id, APP_ID_MAX)
         super().__init__(host, app_id)
 
     def __repr__(self) -> str:
