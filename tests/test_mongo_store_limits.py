@@ -78,21 +78,6 @@ async def test_a_store_reports_max_value_bytes_below_the_largest_document(
     assert ceiling > largest // 2 - MARGIN
 
 
-async def test_params_just_over_max_value_bytes_are_refused_and_nothing_is_stored(
-    mongo_url: str,
-):
-    async with Taskmill(mongo_url, plugins=False, max_params_bytes=64 * MIB) as tm:
-        ceiling = tm.storage.capabilities.max_value_bytes
-        assert ceiling is not None
-        params = {"b": "x" * (ceiling + 1 - json_size({"b": ""}))}
-        assert json_size(params) == ceiling + 1
-        with pytest.raises(InvalidParams) as refused:
-            await tm.enqueue("big", params)
-        assert f"over the limit of {ceiling} bytes" in str(refused.value)
-        assert "MongoStorage" in str(refused.value)
-        assert await tm.query() == []
-
-
 async def test_params_and_a_result_of_max_value_bytes_fit_in_one_document(mongo_url: str):
     """Params and a result of ``max_value_bytes`` each, beside keys and a progress
     message of the longest kind (4-byte characters), make a document the server
@@ -126,27 +111,6 @@ async def test_params_and_a_result_of_max_value_bytes_fit_in_one_document(mongo_
             await client.close()
         assert stored is not None
         assert len(bson.encode(stored)) <= int(hello["maxBsonObjectSize"])
-
-
-async def test_a_result_over_max_value_bytes_fails_the_task_naming_the_limit(mongo_url: str):
-    async with Taskmill(mongo_url, plugins=False) as tm:
-        ceiling = tm.storage.capabilities.max_value_bytes
-        assert ceiling is not None
-
-        @tm.handler("too-big", max_retries=3)
-        async def too_big(ctx: Context, params: dict[str, Any]) -> str:
-            return "x" * (ceiling + 1 - json_size(""))
-
-        task = await tm.enqueue("too-big")
-        await tm.run_worker(until_idle=True, **worker_args())
-        done = await tm.get(task.id)
-        assert done is not None
-        assert done.status is TaskStatus.FAILED
-        assert done.attempts == 1  # failed at once: a retry gives the same result
-        assert done.result is None
-        assert done.error is not None
-        assert f"{ceiling + 1} bytes as JSON, over the {ceiling} bytes" in done.error
-        assert "MongoStorage" in done.error
 
 
 async def test_a_document_the_driver_refuses_is_invalid_params_caused_by_it(

@@ -129,21 +129,6 @@ async def test_a_finish_batch_and_progress_of_30_one_megabyte_values_are_written
         assert (again.status, again.data, again.result) == (TaskStatus.COMPLETED, d, r)
 
 
-async def test_params_just_over_max_value_bytes_are_refused_and_nothing_is_stored(
-    mysql_url: str,
-):
-    async with Taskmill(mysql_url, plugins=False, max_params_bytes=64 * MIB) as tm:
-        ceiling = tm.storage.capabilities.max_value_bytes
-        assert ceiling is not None
-        params = {"b": "x" * (ceiling + 1 - json_size({"b": ""}))}
-        assert json_size(params) == ceiling + 1
-        with pytest.raises(InvalidParams) as refused:
-            await tm.enqueue("big", params)
-        assert f"over the limit of {ceiling} bytes" in str(refused.value)
-        assert "MySQLStorage" in str(refused.value)
-        assert await tm.query() == []
-
-
 async def test_params_and_a_result_of_max_value_bytes_of_quotes_are_kept(mysql_url: str):
     """The ceiling holds for the worst JSON: params and a result of nothing but quotes
     (an SQL literal twice their size), beside keys and a progress message of the
@@ -171,28 +156,6 @@ async def test_params_and_a_result_of_max_value_bytes_of_quotes_are_kept(mysql_u
         assert done.params == params
         assert done.result == result
         assert done.progress == Progress(1.0, 1.0, wide * 4096)
-
-
-async def test_a_result_over_max_value_bytes_fails_the_task_naming_the_limit(mysql_url: str):
-    async with Taskmill(mysql_url, plugins=False) as tm:
-        ceiling = tm.storage.capabilities.max_value_bytes
-        assert ceiling is not None
-
-        @tm.handler("too-big", max_retries=3)
-        async def too_big(ctx: Context, params: dict[str, Any]) -> str:
-            return "x" * (ceiling + 1 - json_size(""))
-
-        task = await tm.enqueue("too-big")
-        worker = await tm.run_worker(until_idle=True, **worker_args())
-        done = await tm.get(task.id)
-        assert done is not None
-        assert done.status is TaskStatus.FAILED
-        assert done.attempts == 1  # failed at once: a retry gives the same result
-        assert done.result is None
-        assert done.error is not None
-        assert f"{ceiling + 1} bytes as JSON, over the {ceiling} bytes" in done.error
-        assert "MySQLStorage" in done.error
-        assert worker.processed == 1
 
 
 @pytest.mark.parametrize("megabytes", [17, 40])

@@ -441,6 +441,44 @@ class EdgeContract:
         assert len(dumps(refused.data).encode()) <= ceiling
         assert (await tm.get(fits.id)) is not None
 
+    async def test_the_stores_own_ceiling_keeps_a_value_at_it_and_refuses_one_byte_more(
+        self, edge_taskmill: Taskmill
+    ) -> None:
+        # The store's real ceiling (MySQL's from max_allowed_packet, MongoDB's from the
+        # document size): params of exactly max_value_bytes are kept, one byte more is
+        # refused by the core, and a result one byte over fails the task at once.
+        ceiling = edge_taskmill.storage.capabilities.max_value_bytes
+        if ceiling is None:
+            pytest.skip(f"{type(edge_taskmill.storage).__name__} declares no max_value_bytes")
+        async with Taskmill(
+            storage=type(edge_taskmill.storage).from_url(edge_taskmill.storage.url),
+            plugins=False,
+            max_params_bytes=2 * ceiling,
+        ) as tm:
+            assert tm.storage.capabilities.max_value_bytes == ceiling
+            wrapper = len(dumps({"b": ""}))
+            kept = await tm.enqueue("big", {"b": "x" * (ceiling - wrapper)})
+            back = await tm.get(kept.id)
+            assert back is not None and len(dumps(back.params)) == ceiling
+            before = await self._everything(tm)
+            with pytest.raises(InvalidInput) as excinfo:
+                await tm.enqueue("big", {"b": "x" * (ceiling + 1 - wrapper)})
+            assert f"over the limit of {ceiling} bytes" in str(excinfo.value)
+            assert type(tm.storage).__name__ in str(excinfo.value)
+            assert await self._everything(tm) == before
+
+            @tm.handler("too-big", max_retries=3)
+            async def too_big(ctx: Context, params: dict[str, Any]) -> str:
+                return "x" * (ceiling + 1 - len(dumps("")))
+
+            task = await tm.enqueue("too-big")
+            await tm.run_worker(until_idle=True, concurrency=1)
+            done = await tm.get(task.id)
+            assert done is not None and done.status is TaskStatus.FAILED
+            assert done.attempts == 1 and done.result is None  # a retry gives the same
+            assert done.error is not None
+            assert f"{ceiling + 1} bytes as JSON, over the {ceiling} bytes" in done.error
+
     async def test_children_with_one_bad_spec_store_nothing(self, edge_taskmill: Taskmill) -> None:
         tm = edge_taskmill
         parent = await tm.enqueue("parent")
