@@ -8,6 +8,7 @@ from typing import Any
 
 import attrs
 
+from taskmill.settable import fraction, number, seconds, settable
 from taskmill.validation import DELAY_MAX
 
 
@@ -36,10 +37,27 @@ class RetryPolicy:
         years in seconds, ``factor`` 1 to 1000, ``jitter`` 0 to 1).
     """
 
-    base: float = attrs.field(default=0.5, validator=_seconds(0, DELAY_MAX))
-    factor: float = attrs.field(default=2.0, validator=_seconds(1, 1000))
-    maximum: float = attrs.field(default=60.0, validator=_seconds(0, DELAY_MAX))
-    jitter: float = attrs.field(default=0.25, validator=_seconds(0, 1))
+    # The metadata makes each field the setting retry_<field> (taskmill.settable).
+    base: float = attrs.field(
+        default=0.5,
+        validator=_seconds(0, DELAY_MAX),
+        metadata=settable("backoff before the first retry", seconds(0, exclusive=False), "SECONDS"),
+    )
+    factor: float = attrs.field(
+        default=2.0,
+        validator=_seconds(1, 1000),
+        metadata=settable("backoff growth per attempt, 1 or more", number(1, exclusive=False), "X"),
+    )
+    maximum: float = attrs.field(
+        default=60.0,
+        validator=_seconds(0, DELAY_MAX),
+        metadata=settable("longest backoff", seconds(0, exclusive=False), "SECONDS"),
+    )
+    jitter: float = attrs.field(
+        default=0.25,
+        validator=_seconds(0, 1),
+        metadata=settable("backoff spread, a fraction from 0 to 1", fraction(), "FRACTION"),
+    )
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based), for any

@@ -15,7 +15,8 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from taskmill.model import Priority, TaskStatus
-from taskmill.settings import ENV_VARS, Settings, parse_seconds, parse_setting
+from taskmill.settable import flag_name
+from taskmill.settings import ENV_VARS, Settings, declaration, parse_seconds, parse_setting
 
 Command = Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, int]]
 """What a command runs: ``async def command(args, settings) -> exit status``."""
@@ -46,21 +47,29 @@ def setting_type(name: str) -> Callable[[str], Any]:
     return parse
 
 
-def add_setting(
-    cmd: argparse.ArgumentParser, flag: str, name: str, metavar: str, text: str
-) -> None:
-    """Add ``flag``, the command-line form of setting ``name`` (unset: None, so that the
-    variable, the file or the default decides)."""
+def add_setting(cmd: argparse.ArgumentParser, name: str) -> None:
+    """Add the flag of setting ``name`` (``--lease-seconds`` for ``lease_seconds``) and
+    its older spellings (``--lease``), which read a value as its variable does. Unset:
+    None, so that the variable, the file or the default decides. A list's flag may be
+    repeated, and each value may be comma-separated."""
+    declared = declaration(name)
+    form = declared.form
+    flag = flag_name(name)
     default = getattr(Settings(), name)
-    shown = "" if default is None or "default" in text else f" (default {default:g})"
+    shown = "" if default is None and form.none is None else f" (default {form.show(default)})"
+    many = "; comma-separated, repeatable" if form.many else ""
+    metavar = f"{declared.metavar}[,{declared.metavar}...]" if form.many else declared.metavar
+    kind: dict[str, Any] = {
+        "dest": name,
+        "type": setting_type(name),
+        "default": None,
+        "action": "extend" if form.many else "store",
+    }
     cmd.add_argument(
-        flag,
-        dest=name,
-        type=setting_type(name),
-        default=None,
-        metavar=metavar,
-        help=f"{text}{shown}; also {ENV_VARS[name]}",
+        flag, metavar=metavar, help=f"{declared.help}{shown}{many}; also {ENV_VARS[name]}", **kind
     )
+    for alias in declared.aliases:
+        cmd.add_argument(alias, metavar=declared.metavar, help=f"the same as {flag}", **kind)
 
 
 def add_handler_options(cmd: argparse.ArgumentParser, purpose: str = "") -> None:

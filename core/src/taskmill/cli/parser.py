@@ -27,7 +27,6 @@ from taskmill.settings import (
     LOG_LEVELS,
     SETTING_NAMES,
     Settings,
-    parse_setting,
 )
 
 
@@ -208,19 +207,16 @@ def config_file_option(argv: list[str]) -> str | None:
 
 
 def command_line_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The settings the command line gave (None: not given)."""
+    """The settings the command line gave (None: not given); a repeated list flag gives
+    one tuple, without repeats."""
     given: dict[str, Any] = {}
     for name in SETTING_NAMES:
         value = getattr(args, name, None)
         if value is None:
             continue
-        if name == "app_ids":
-            value = parse_setting(name, ",".join(value))
-        elif name == "task_types" and args.command is worker.run_worker:
-            value = tuple(dict.fromkeys(value))
-        elif name == "task_types":
+        if name == "task_types" and args.command is not worker.run_worker:
             continue  # ls/stats/cancel --type is a filter of that command, not a setting
-        elif name == "imports":
+        if isinstance(value, list):
             value = tuple(dict.fromkeys(value))
         given[name] = value
     return given

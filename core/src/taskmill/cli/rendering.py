@@ -22,7 +22,8 @@ from rich.text import Text
 
 from taskmill.model import Attempt, Priority, Progress, ProgressSummary, Task, TaskStatus
 from taskmill.plugins import BrokenPlugin, PluginInfo
-from taskmill.settings import DEFAULT, HOST_APP, SETTING_NAMES, setting_doc
+from taskmill.settable import text
+from taskmill.settings import DEFAULT, HOST_APP, SETTING_NAMES, setting_doc, setting_form
 
 
 def console() -> Console:
@@ -333,15 +334,10 @@ def settings_table(rows: Sequence[tuple[str, Any, str]]) -> Table:
     return table
 
 
+_STORAGE_OPTION = text()
+"""How a storage option's value is shown (the backend, not taskmill, reads it)."""
+
+
 def _setting_text(name: str, value: Any) -> str:
-    if value is None:
-        return {"reserved_high_priority_slots": "auto", "rescue_interval": "auto"}.get(
-            name, "off" if name == "cleanup_older_than" else "all" if name.endswith("s") else "-"
-        )
-    if isinstance(value, tuple):
-        return ", ".join(HOST_APP if v is None else str(v) for v in value) or "(none)"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
+    form = setting_form(name) if name in SETTING_NAMES else _STORAGE_OPTION
+    return form.show(value)

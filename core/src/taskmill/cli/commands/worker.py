@@ -15,7 +15,7 @@ from taskmill.cli.unserved import handler_label, report_unserved
 from taskmill.errors import TaskmillError
 from taskmill.model import TaskFilter
 from taskmill.registry import Handler
-from taskmill.settings import ENV_VARS, HOST_APP, Settings
+from taskmill.settings import ENV_VARS, HOST_APP, WORKER_SETTINGS, Settings
 from taskmill.supervisor import Supervisor
 from taskmill.worker import Worker
 
@@ -35,70 +35,14 @@ def add_commands(add: AddCommand) -> None:
         "once (exit status 128 + the signal's number). Options not given here come from "
         "TASKMILL_* variables or the configuration file (`taskmill config`).",
     )
-    add_setting(cmd, "--concurrency", "concurrency", "N", "tasks run at once")
-    add_setting(
-        cmd,
-        "--processes",
-        "processes",
-        "N",
-        "run N worker processes, each with --concurrency slots, under a supervisor that "
-        "forwards SIGINT/SIGTERM and restarts a process that dies (default 1)",
-    )
-    add_setting(
-        cmd,
-        "--reserved-high",
-        "reserved_high_priority_slots",
-        "N",
-        "slots only tasks of priority >= user_action may take (default: 1 when "
-        "--concurrency is more than 1, else 0; so --concurrency 2 runs one normal task "
-        "at a time); at most concurrency - 1",
-    )
+    add_setting(cmd, "processes")
+    for setting in WORKER_SETTINGS:
+        add_setting(cmd, setting.name)
     cmd.add_argument(
         "--until-idle",
         action="store_true",
         help="exit once no task of this worker's types is due soon, then report pending "
         "tasks no handler of this worker serves",
-    )
-    add_setting(
-        cmd,
-        "--lease",
-        "lease_seconds",
-        "SECONDS",
-        "lease length; a crashed worker's tasks run again after it",
-    )
-    add_setting(
-        cmd,
-        "--shutdown-grace",
-        "shutdown_grace",
-        "SECONDS",
-        "on SIGTERM/SIGINT, how long running tasks may finish before they are put back to pending",
-    )
-    add_setting(
-        cmd, "--poll-interval", "poll_interval", "SECONDS", "longest wait between polls when idle"
-    )
-    add_setting(
-        cmd,
-        "--cancel-check-interval",
-        "cancel_check_interval",
-        "SECONDS",
-        "how often running tasks are checked for cancel requests",
-    )
-    cmd.add_argument(
-        "--task-type",
-        dest="task_types",
-        action="append",
-        default=None,
-        metavar="TYPE",
-        help="claim only tasks of this type; repeatable (default: every type with a handler)",
-    )
-    cmd.add_argument(
-        "--app-id",
-        dest="app_ids",
-        action="append",
-        default=None,
-        metavar="APP",
-        help=f"claim only with the handlers of this app ({HOST_APP}: the host's own "
-        "handlers); repeatable (default: all)",
     )
     add_handler_options(cmd)
 
