@@ -1,4 +1,8 @@
-"""``Context``: what a running handler sees of its task and how it talks back."""
+"""``Context``: what a running handler sees of its task and how it talks back.
+
+``ContextControl`` is the worker's side of it: interrupting the handler and reading back
+what it reported.
+"""
 
 from __future__ import annotations
 
@@ -223,34 +227,52 @@ class Context:
             return Deferred(value=asyncio.run_coroutine_threadsafe(coroutine, loop).result())
         return Deferred(coroutine=coroutine)
 
-    # -- used by the worker -------------------------------------------------------
 
-    def _interrupt(self, reason: CancelReason) -> None:
+class ContextControl:
+    """The worker's side of the :class:`Context` objects it gives handlers.
+
+    For the worker only: it interrupts a handler, marks it timed out, and reads back
+    what the handler reported. A handler sees none of this; it sees :class:`Context`.
+    """
+
+    __slots__ = ()
+
+    @staticmethod
+    def set_on_cancel(ctx: Context, on_cancel: Callable[[], None]) -> None:
+        """Have :meth:`interrupt` call ``on_cancel`` (an async handler's task is known
+        only once its context exists)."""
+        ctx._on_cancel = on_cancel
+
+    @staticmethod
+    def interrupt(ctx: Context, reason: CancelReason) -> None:
         """Ask the handler to stop. The first reason wins."""
-        if self._cancel_reason is None:
-            self._cancel_reason = reason
-            if self._on_cancel is not None:
-                self._on_cancel()
+        if ctx._cancel_reason is None:
+            ctx._cancel_reason = reason
+            if ctx._on_cancel is not None:
+                ctx._on_cancel()
 
-    def _expire(self) -> None:
+    @staticmethod
+    def expire(ctx: Context) -> None:
         """The handler ran past its timeout (a sync handler's thread keeps running)."""
-        self._timed_out = True
+        ctx._timed_out = True
 
-    def _take_changes(self) -> tuple[Progress | None, dict[str, JSON] | None]:
-        """What changed since the last call (for a coalesced write)."""
-        with self._lock:
-            progress = self._progress if self._progress_dirty else None
-            data = dict(self._data) if self._data_dirty else None
-            self._progress_dirty = self._data_dirty = False
+    @staticmethod
+    def take_changes(ctx: Context) -> tuple[Progress | None, dict[str, JSON] | None]:
+        """What the handler changed since the last call (for a coalesced write)."""
+        with ctx._lock:
+            progress = ctx._progress if ctx._progress_dirty else None
+            data = dict(ctx._data) if ctx._data_dirty else None
+            ctx._progress_dirty = ctx._data_dirty = False
         return progress, data
 
-    def _final_state(self) -> tuple[Progress | None, dict[str, JSON] | None]:
+    @staticmethod
+    def final_state(ctx: Context) -> tuple[Progress | None, dict[str, JSON] | None]:
         """Everything the handler changed over the attempt (for the finish write)."""
-        if not self._touched:  # most handlers report nothing: skip the lock and compare
+        if not ctx._touched:  # most handlers report nothing: skip the lock and compare
             return None, None
         # Everything reported, not just what differs from the claimed snapshot: a
         # coalesced write may have stored an intermediate value meanwhile.
-        with self._lock:
-            progress = self._progress
-            data = dict(self._data)
+        with ctx._lock:
+            progress = ctx._progress
+            data = dict(ctx._data)
         return progress, data
