@@ -2,6 +2,7 @@
 
 Found by the core through the ``taskmill.backends`` entry points; nothing in the core
 imports it. See :mod:`taskmill_postgres.storage` for its design and guarantees,
+:mod:`taskmill_postgres.connection` for the pool and connection loss,
 :mod:`taskmill_postgres.schema` for the versioned migrations and
 :mod:`taskmill_postgres.listener` for LISTEN/NOTIFY change notifications.
 """
