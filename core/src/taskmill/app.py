@@ -10,10 +10,14 @@ from typing import Any, TypeVar, Unpack
 
 import attrs
 
+from taskmill.backoff import RetryPolicy
 from taskmill.discovery import resolve_url, storage_for_url
-from taskmill.errors import InvalidTaskSpec, TaskmillError
+from taskmill.errors import InvalidInput, InvalidTaskSpec, TaskmillError
+from taskmill.lifecycle import cancel_error, decide_retry
 from taskmill.model import (
     JSON,
+    AttemptOutcome,
+    CancelReason,
     Priority,
     Task,
     TaskStatus,
@@ -28,8 +32,9 @@ from taskmill.periodic import (
 )
 from taskmill.plugins import DISABLE_ENV, ENABLE_ENV, PluginInfo, Plugins
 from taskmill.registry import Handler, HandlerFunc, HandlerRegistry
-from taskmill.storage import TaskStorage, utcnow
-from taskmill.validation import MAX_RETRIES_MAX, check_int, check_older_than
+from taskmill.serialization import dumps
+from taskmill.storage import Finish, FinishKind, Lease, TaskStorage, utcnow
+from taskmill.validation import DELAY_MAX, MAX_RETRIES_MAX, check_int, check_older_than
 from taskmill.worker import Worker
 from taskmill.worker_options import WorkerArgs, WorkerOptions
 
@@ -37,6 +42,48 @@ F = TypeVar("F", bound=HandlerFunc)
 
 DEFAULT_MAX_RETRIES = 3
 DEFAULT_MAX_PARAMS_BYTES = 1024 * 1024
+
+
+def _check_retry_in(retry_in: object) -> None:
+    if retry_in is not None and not (
+        isinstance(retry_in, int | float)
+        and not isinstance(retry_in, bool)
+        and 0 <= retry_in <= DELAY_MAX  # NaN fails
+    ):
+        raise InvalidInput(
+            f"retry_in must be a number of seconds from 0 to {DELAY_MAX:.0f} (100 years),"
+            f" got {retry_in!r}",
+            field="retry_in",
+        )
+
+
+def _result_json(result: JSON) -> str:
+    try:
+        return dumps(result)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"result is not a JSON value: {exc}", field="result") from None
+
+
+def _stop_reason(kind: FinishKind, reason: CancelReason | None) -> CancelReason:
+    """The reason of a reported CANCEL (terminal, USER unless given) or RELEASE (a stop)."""
+    cancel = kind is FinishKind.CANCEL
+    if cancel and reason is None:
+        return CancelReason.USER
+    if reason is None or reason.terminal is not cancel:
+        takes = "USER or PREEMPTED" if cancel else "SUSPENDED or SHUTDOWN"
+        raise InvalidInput(
+            f"a reported {kind.name} takes the reason {takes}, got {reason!r}", field="reason"
+        )
+    return reason
+
+
+_DETACHED_OUTCOMES = {
+    FinishKind.COMPLETE: AttemptOutcome.COMPLETED,
+    FinishKind.RETRY: AttemptOutcome.FAILED,
+    FinishKind.FAIL: AttemptOutcome.FAILED,
+    FinishKind.CANCEL: AttemptOutcome.CANCELLED,
+    FinishKind.RELEASE: AttemptOutcome.INTERRUPTED,
+}
 
 
 class Taskmill(TaskOperations):
@@ -379,6 +426,84 @@ class Taskmill(TaskOperations):
         """The same task operations bound to one app: they stamp ``app_id`` on what
         they create, filter by it, and treat another app's task ids as unknown."""
         return AppTasks(self, app_id)
+
+    # -- detached attempts ---------------------------------------------------------------
+
+    async def report_detached(
+        self,
+        lease: Lease,
+        kind: FinishKind,
+        *,
+        result: JSON = None,
+        error: str | None = None,
+        retry_in: float | None = None,
+        reason: CancelReason | None = None,
+        retry_policy: RetryPolicy | None = None,
+    ) -> Task | None:
+        """Store the end of a detached attempt (:class:`~taskmill.Detached`) that its new
+        owner reports, fenced by ``lease``: the finish a worker writes for a handler that
+        ends the same way, then the ``taskmill_task_finished`` hooks of this process.
+        Returns the task as stored, or None when ``lease`` no longer holds (the task was
+        cancelled, rescued, re-claimed or deleted); nothing is written then.
+
+        - ``COMPLETE``: COMPLETED with ``result``, a JSON value.
+        - ``RETRY``, as a handler's error or ``Retry(retry_in)``: PENDING, due in
+          ``retry_in`` seconds or else the backoff of ``retry_policy``, while the task has
+          retry budget; without, FAILED, the error ending in ``(gave up after N
+          attempts)`` (:func:`taskmill.lifecycle.decide_retry`).
+        - ``FAIL``, as ``Fail``: FAILED at once (dead letter).
+        - ``CANCEL``: CANCELLED for ``reason`` (USER unless given).
+        - ``RELEASE``: the owner was told to stop (``reason`` SUSPENDED or SHUTDOWN): back
+          to PENDING without spending the attempt.
+
+        A stored stop request turns a RETRY or FAIL into a RELEASE, as for any worker.
+
+        The retry policy is a worker's option and is not stored with the task, so the
+        caller says which applies: pass the ``retry_policy`` of the workers that serve
+        the task (``taskmill serve`` passes the one its ``retry_*`` settings make).
+        None is ``RetryPolicy()``, the policy of a worker built without one.
+
+        :raises InvalidInput: ``result`` is not a JSON value, ``retry_in`` is not a
+            number of seconds from 0 to 100 years, or ``reason`` does not fit ``kind``
+            (a RELEASE needs a stop, SUSPENDED or SHUTDOWN; a CANCEL takes USER or
+            PREEMPTED).
+        """
+        self._check_open()
+        _check_retry_in(retry_in)
+        result_json = _result_json(result) if kind is FinishKind.COMPLETE else None
+        if kind is FinishKind.CANCEL or kind is FinishKind.RELEASE:
+            reason = _stop_reason(kind, reason)
+            error = error or cancel_error(reason)
+        elif kind is FinishKind.FAIL:
+            error = error or "the owner failed the task"
+        task = await self.storage.get(lease.task_id)
+        if task is None:
+            return None
+        if kind is FinishKind.RETRY:
+            decided = decide_retry(
+                error or "the owner asked for a retry",
+                attempts=lease.attempt,
+                max_retries=task.max_retries,
+                delay=retry_in,
+                backoff=(retry_policy or RetryPolicy()).delay,
+            )
+            kind, error, retry_in = decided.kind, decided.error, decided.retry_in
+        now = utcnow()
+        finish = Finish(
+            lease=lease,
+            kind=kind,
+            outcome=_DETACHED_OUTCOMES[kind],
+            started_at=task.started_at or now,
+            finished_at=now,
+            result_json=result_json,
+            error=error,
+            retry_in=retry_in or 0.0,
+            cancel_reason=reason if kind is FinishKind.CANCEL else None,
+        )
+        (stored,) = await self.storage.finish_batch([finish])
+        if stored is not None and self.plugins.observes_finishes:
+            await self.plugins.attempt_finished(finish, stored)  # a failing hook is logged
+        return stored
 
     # -- workers -----------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from taskmill.backoff import RetryPolicy
 from taskmill.context import Context, ContextControl
 from taskmill.errors import Cancelled, Detached, Fail, Retry, TaskmillError
 from taskmill.handler_threads import THREADS as HANDLER_THREADS
-from taskmill.lifecycle import FINISHES, attempt_kind, finish_kind
+from taskmill.lifecycle import FINISHES, decide_retry, finish_kind
 from taskmill.model import AttemptOutcome, CancelReason, Task
 from taskmill.registry import Handler
 from taskmill.serialization import dumps
@@ -215,11 +215,16 @@ class AttemptRunner:
             kind = finish_kind(kind, stop_requested=True)
             outcome = FINISHES[kind].outcome or outcome
         if kind is FinishKind.RETRY:
-            kind = attempt_kind(kind, attempts=task.attempts, max_retries=task.max_retries)
-            if kind is FinishKind.FAIL:
-                error = f"{error} (gave up after {task.attempts} attempts)"
-            elif retry_delay is None:
-                retry_delay = self._retry_policy.delay(task.attempts)
+            decision = decide_retry(
+                error or "",
+                attempts=task.attempts,
+                max_retries=task.max_retries,
+                delay=retry_delay,
+                backoff=self._retry_policy.delay,
+            )
+            kind, error = decision.kind, decision.error
+            if kind is FinishKind.RETRY:
+                retry_delay = decision.retry_in
         if outcome in _FAILED_OUTCOMES:
             log_failed_attempt(task, outcome, kind, error, retry_delay, failure)
         progress, data = ContextControl.final_state(ctx)

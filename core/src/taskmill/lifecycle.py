@@ -11,7 +11,8 @@ The rules:
   to the stored task: its new status, whether the attempt is given back, which fields
   it writes, the event it emits and the outcome logged for the attempt.
 - **The retry budget** (:func:`has_retry_budget`): a task may start ``max_retries + 1``
-  attempts; the worker turns a RETRY without budget into a FAIL (:func:`attempt_kind`).
+  attempts; the worker turns a RETRY without budget into a FAIL (:func:`attempt_kind`),
+  and :func:`decide_retry` says how long a retry waits and what a give-up's error says.
 - **The stop request** (:func:`finish_kind`): a RETRY or FAIL of a task asked to stop
   (SUSPENDED, SHUTDOWN) is a RELEASE; storage applies this against the stored row.
 - **Rescue** (:data:`RESCUES`, :func:`rescue_case`): what an expired lease becomes.
@@ -74,6 +75,7 @@ __all__ = [
     "DependentOutcome",
     "FinishRow",
     "RescueCase",
+    "RetryDecision",
     "RunAt",
     "Transition",
     "TransitionPlan",
@@ -82,6 +84,7 @@ __all__ = [
     "cancel_error",
     "cancel_targets",
     "check_redrive",
+    "decide_retry",
     "dependency_blocks",
     "dependency_error",
     "dependency_settles",
@@ -226,6 +229,36 @@ def attempt_kind(requested: FinishKind, *, attempts: int, max_retries: int) -> F
     if requested is FinishKind.RETRY and not has_retry_budget(attempts, max_retries):
         return FinishKind.FAIL
     return requested
+
+
+@attrs.frozen
+class RetryDecision:
+    """How an attempt that asked for another one ends (:func:`decide_retry`)."""
+
+    kind: FinishKind
+    """RETRY, or FAIL when the retry budget is spent."""
+    error: str
+    """The attempt's error; a give-up's ends in ``" (gave up after N attempts)"``."""
+    retry_in: float
+    """Seconds until the retry is due (0 for a give-up)."""
+
+
+def decide_retry(
+    error: str,
+    *,
+    attempts: int,
+    max_retries: int,
+    delay: float | None,
+    backoff: Callable[[int], float],
+) -> RetryDecision:
+    """The end of attempt number ``attempts`` that asked for a retry (a handler's
+    error or timeout, ``Retry``, a detached owner's report): while the task has retry
+    budget (:func:`attempt_kind`), RETRY after ``delay`` seconds, or ``backoff(attempts)``
+    when it named none; without, FAIL with ``error`` saying it gave up."""
+    kind = attempt_kind(FinishKind.RETRY, attempts=attempts, max_retries=max_retries)
+    if kind is FinishKind.FAIL:
+        return RetryDecision(kind, f"{error} (gave up after {attempts} attempts)", 0.0)
+    return RetryDecision(kind, error, backoff(attempts) if delay is None else delay)
 
 
 def finish_kind(requested: FinishKind, *, stop_requested: bool) -> FinishKind:

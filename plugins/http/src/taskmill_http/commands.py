@@ -96,9 +96,17 @@ async def serve(args: argparse.Namespace, settings: Any) -> int:
 
     tm = Taskmill(settings.url, **settings.taskmill_options())
     tm.load_plugins(enable=settings.enable_plugins, disable=settings.disable_plugins)
+    worker_options = settings.worker_options()
     async with tm:
+        app = create_app(
+            tm,
+            tokens,
+            session_secret=os.environ.get(SESSION_SECRET_ENV) or None,
+            # A detached owner's retry waits the backoff the workers use: the same settings.
+            retry_policy=worker_options.get("retry_policy"),
+        )
         config = uvicorn.Config(
-            create_app(tm, tokens, session_secret=os.environ.get(SESSION_SECRET_ENV) or None),
+            app,
             host=args.host,
             port=args.port,
             log_level="warning",
@@ -109,7 +117,7 @@ async def serve(args: argparse.Namespace, settings: Any) -> int:
         worker = None
         running: asyncio.Task[None] | None = None
         if args.worker:
-            options = {**settings.worker_options(), "handle_signals": False}
+            options = {**worker_options, "handle_signals": False}
             worker = tm.worker(**options)
             running = asyncio.create_task(worker.run())
         print(
