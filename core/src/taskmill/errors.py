@@ -137,6 +137,12 @@ class Cancelled(TaskmillError):
     """The task was cancelled; raised by ``Context.check_cancelled()``."""
 
 
+DELAY_MAX = 100 * 365.25 * 24 * 3600
+"""The longest delay, in seconds (100 years): of an enqueue, a :class:`Retry` and a
+backoff. Declared here, where ``Retry`` checks it; :mod:`taskmill.validation` holds the
+other limits and re-exports it."""
+
+
 class Retry(TaskmillError):
     """Raised by a handler to ask for another attempt.
 
@@ -150,8 +156,6 @@ class Retry(TaskmillError):
     """
 
     def __init__(self, delay: float | None = None, message: str | None = None) -> None:
-        from taskmill.validation import DELAY_MAX  # validation imports this module
-
         if delay is not None and not (
             isinstance(delay, int | float)
             and not isinstance(delay, bool)

@@ -18,7 +18,7 @@ from typing import Final
 
 import attrs
 
-from taskmill.errors import InvalidTaskSpec
+from taskmill.errors import DELAY_MAX, InvalidTaskSpec
 
 __all__ = [
     "APP_ID_MAX",
@@ -78,8 +78,6 @@ MAX_RETRIES_MAX: Final = 1_000_000_000
 """The most retries a task may ask for (in effect: retry for ever)."""
 TIMEOUT_MAX: Final = 366 * 24 * 3600.0
 """The longest handler timeout, in seconds (366 days)."""
-DELAY_MAX: Final = 100 * 365.25 * 24 * 3600
-"""The longest delay, in seconds (100 years): of an enqueue, a ``Retry`` and a backoff."""
 RUN_AT_MIN: Final = datetime(1970, 1, 1, tzinfo=UTC)
 """The earliest ``run_at`` (a past one is due at once)."""
 RUN_AT_MAX: Final = datetime(9999, 1, 1, tzinfo=UTC)
