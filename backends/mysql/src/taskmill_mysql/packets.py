@@ -11,7 +11,7 @@ sent as several packets, in the same transaction. A task's JSON values are bound
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 __all__ = [
     "CHUNK",
@@ -19,6 +19,7 @@ __all__ = [
     "MARGIN",
     "SLACK",
     "Run",
+    "chunks",
     "runs",
     "text_bytes",
     "value_ceiling",
@@ -26,6 +27,12 @@ __all__ = [
 
 CHUNK: Final = 500
 """Most rows in one multi-row statement, and most ids bound in one ``IN (...)`` list."""
+
+
+def chunks(items: Sequence[Any], size: int = CHUNK) -> list[Sequence[Any]]:
+    """``items`` cut into consecutive slices of at most ``size`` (:data:`CHUNK`)."""
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
 
 DEFAULT_PACKET: Final = 16 * 1024 * 1024
 """``max_allowed_packet`` until the server said otherwise: MariaDB's default (MySQL

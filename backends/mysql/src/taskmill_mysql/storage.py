@@ -8,7 +8,7 @@ Design (docs/backends.md, "MySQL / MariaDB", has the reasoning and the plans):
   timeout; reads run on their own.
 - No ``UPDATE ... RETURNING``: a claim is ``SELECT ... FOR UPDATE SKIP LOCKED`` over
   the ``tasks_claim`` index, an ``UPDATE`` by seq, and a read back, in one transaction
-  (:mod:`taskmill_mysql.operations`). Concurrent claimers skip each other's rows.
+  (:mod:`taskmill_mysql.claims`). Concurrent claimers skip each other's rows.
 - No partial indexes: generated columns hold the claim queue and the active dedupe
   leaders (0001_initial.sql); the unique ``dedupe_leader`` index allows one active
   leader per key whatever races between processes.
