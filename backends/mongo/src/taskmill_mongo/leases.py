@@ -1,0 +1,268 @@
+"""The writes of a lease holder and the rescue of expired leases: finishing attempts,
+renewing and watching leases, saving progress, and ending or retrying the tasks whose
+lease lapsed.
+
+A lease holds while its task is RUNNING with the lease's worker id and attempt number;
+each write here is fenced by that, and a lease that no longer holds is skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
+
+from pymongo import ASCENDING
+from pymongo.asynchronous.client_session import AsyncClientSession
+from pymongo.asynchronous.database import AsyncDatabase
+from taskmill.lifecycle import (
+    DEFAULT_CANCEL_REASON,
+    FINISHES,
+    RESCUE_ERROR,
+    RESCUES,
+    finish_kind,
+    plan,
+    rescue_case,
+)
+from taskmill.model import (
+    Attempt,
+    AttemptOutcome,
+    CancelReason,
+    EventKind,
+    SuspensionScope,
+    Task,
+)
+from taskmill.serialization import loads
+from taskmill.storage import Finish, FinishKind, Lease, ProgressUpdate
+
+from taskmill_mongo.connection import Connection
+from taskmill_mongo.documents import from_micros, task, task_document
+from taskmill_mongo.queries import RUNNING, eq
+from taskmill_mongo.schema import Doc
+from taskmill_mongo.settlement import settle
+from taskmill_mongo.transactions import Nothing, Writes, read, record, replace, transaction
+
+__all__ = ["check_leases", "finish_batch", "rescue_expired", "save_progress"]
+
+_FINISH_PLANS: Final = {kind: plan(t) for kind, t in FINISHES.items()}
+_RESCUE_PLANS: Final = {case: plan(t) for case, t in RESCUES.items()}
+
+
+def _fence(lease: Lease) -> Doc:
+    return {
+        "_id": lease.task_id,
+        "status": RUNNING,
+        "worker_id": lease.worker_id,
+        "attempts": lease.attempt,
+    }
+
+
+async def _held(
+    db: AsyncDatabase[Doc], s: AsyncClientSession, leases: Iterable[Lease]
+) -> dict[str, Doc]:
+    """The documents of the tasks whose ``leases`` still hold, by task id."""
+    wanted = {lease.task_id: lease for lease in leases}
+    found: dict[str, Doc] = {}
+    async for doc in db.tasks.find({"_id": {"$in": list(wanted)}}, session=s):
+        lease = wanted[doc["_id"]]
+        if (
+            doc["status"] == RUNNING
+            and doc["worker_id"] == lease.worker_id
+            and doc["attempts"] == lease.attempt
+        ):
+            found[doc["_id"]] = doc
+    return found
+
+
+async def finish_batch(conn: Connection, finishes: Sequence[Finish]) -> list[Task | None]:
+    """Write ``finishes`` (not empty) in one transaction (see
+    :meth:`taskmill.storage.TaskStorage.finish_batch`): the new snapshot of each, or
+    None where its lease no longer held."""
+
+    async def body(s: AsyncClientSession) -> list[Task | None]:
+        db = conn.database()
+        now = await conn.now()
+        held = await _held(db, s, (f.lease for f in finishes))
+        writes = Writes(replacements=[])  # the finishes' writes go as one bulk_write
+        results: list[Task | None] = []
+        for finish in finishes:
+            doc = held.get(finish.lease.task_id)
+            if (
+                doc is None
+                or doc["worker_id"] != finish.lease.worker_id
+                or doc["attempts"] != finish.lease.attempt
+            ):
+                results.append(None)
+                continue
+            kind = finish.kind
+            if doc["cancel_reason"] is not None:
+                kind = finish_kind(kind, stop_requested=True)
+            chosen = _FINISH_PLANS[kind]
+            extra: dict[str, Any] = {}
+            if finish.data is not None:
+                extra["data"] = finish.data
+            if finish.progress is not None:
+                extra["progress"] = finish.progress
+            if kind is FinishKind.COMPLETE:
+                extra["result"] = None if finish.result_json is None else loads(finish.result_json)
+            elif kind is FinishKind.RETRY:
+                extra["run_later"] = from_micros(now + int(finish.retry_in * 1_000_000))
+            new = await settle(
+                db,
+                s,
+                doc,
+                chosen,
+                now,
+                writes,
+                error=finish.error,
+                cancel_reason=finish.cancel_reason or DEFAULT_CANCEL_REASON,
+                **extra,
+            )
+            outcome = chosen.transition.outcome or finish.outcome
+            writes.attempts.append(
+                Attempt(
+                    task_id=new.id,
+                    number=finish.lease.attempt,
+                    worker_id=finish.lease.worker_id,
+                    started_at=finish.started_at,
+                    finished_at=finish.finished_at,
+                    outcome=outcome,
+                    error=finish.error if outcome is not AttemptOutcome.COMPLETED else None,
+                )
+            )
+            del held[new.id]
+            results.append(new)
+        if not writes.events:
+            raise Nothing(results)
+        await record(db, s, writes, now)
+        return results
+
+    return await transaction(conn, body)
+
+
+async def check_leases(
+    conn: Connection, leases: Sequence[Lease], lease_seconds: float | None
+) -> dict[str, CancelReason | None]:
+    """For each of ``leases`` (not empty) that still holds, why its task should stop
+    (None: it should not); with ``lease_seconds``, those leases are renewed first."""
+
+    async def run() -> dict[str, CancelReason | None]:
+        db = conn.database()
+        # The ids first: searched on _id (the stand-in scans the collection for an
+        # $or alone), the fences then checked on those documents.
+        ids = list(dict.fromkeys(lease.task_id for lease in leases))
+        fences = {"_id": {"$in": ids}, "$or": [_fence(lease) for lease in leases]}
+        if lease_seconds is not None:
+            until = await conn.now() + int(lease_seconds * 1_000_000)
+            await db.tasks.update_many(fences, {"$set": {"lease_expires_at": until}})
+        # Read by _id alone and the same fences checked here: a find with the $or
+        # makes nx-27017 (the test stand-in) filter every document of the
+        # collection in Python, whatever the _id $in beside it (explain: SCAN
+        # tasks; 3-9 s per lease check with 200,000 finished tasks, every other
+        # command waiting). On MongoDB both are the same _id index lookup. (Its
+        # update_many above is searched on _id by the stand-in.)
+        fields = {"cancel_reason": 1, "app_id": 1, "task_type": 1}
+        fenced = {(lease.task_id, RUNNING, lease.worker_id, lease.attempt) for lease in leases}
+        held = {
+            d["_id"]: d
+            async for d in db.tasks.find(
+                {"_id": {"$in": ids}}, {**fields, "status": 1, "worker_id": 1, "attempts": 1}
+            )
+            if (d["_id"], d["status"], d["worker_id"], d["attempts"]) in fenced
+        }
+        suspended = (
+            [
+                SuspensionScope(task_type=d["task_type"], app_id=d["app_id"])
+                async for d in db.suspensions.find({})
+            ]
+            if held
+            else []
+        )
+        answer: dict[str, CancelReason | None] = {}
+        for task_id, doc in held.items():
+            reason = doc["cancel_reason"]
+            if reason is not None:
+                answer[task_id] = CancelReason(reason)
+            elif any(sc.covers(doc["app_id"], doc["task_type"]) for sc in suspended):
+                answer[task_id] = CancelReason.SUSPENDED
+            else:
+                answer[task_id] = None
+        return answer
+
+    return await read(conn, run())
+
+
+async def save_progress(conn: Connection, updates: Sequence[ProgressUpdate]) -> set[str]:
+    """Write ``updates`` (not empty) in one transaction; the ids of the tasks whose
+    lease still held (the ones written)."""
+
+    async def body(s: AsyncClientSession) -> set[str]:
+        db = conn.database()
+        now = await conn.now()
+        at = from_micros(now)
+        held = await _held(db, s, (u.lease for u in updates))
+        writes = Writes(replacements=[])
+        written: set[str] = set()
+        for update in updates:
+            doc = held.get(update.lease.task_id)
+            if doc is None:
+                continue
+            changes: dict[str, Any] = {"updated_at": at}
+            if update.progress is not None:
+                changes["progress"] = update.progress
+            if update.data is not None:
+                changes["data"] = update.data
+            new = task(doc).evolve(**changes)
+            await replace(db, s, doc, new, writes)
+            held[new.id] = task_document(new, doc["seq"])
+            writes.emit(EventKind.PROGRESS, new)
+            written.add(new.id)
+        if not written:
+            raise Nothing(written)
+        await record(db, s, writes, now)
+        return written
+
+    return await transaction(conn, body)
+
+
+async def rescue_expired(conn: Connection, limit: int) -> list[Task]:
+    """End or retry, in one transaction, up to ``limit`` (positive) RUNNING tasks whose
+    lease expired, oldest first, as :data:`taskmill.lifecycle.RESCUES` says."""
+
+    async def body(s: AsyncClientSession) -> list[Task]:
+        db = conn.database()
+        now = await conn.now()
+        at = from_micros(now)
+        expired = (
+            await db.tasks.find(
+                {"status": eq(RUNNING), "lease_expires_at": {"$lte": now}}, session=s
+            )
+            .sort("seq", ASCENDING)
+            .hint("lease")
+            .limit(max(limit, 0))
+            .to_list()
+        )
+        if not expired:
+            raise Nothing([])
+        writes = Writes(replacements=[])
+        rescued: list[Task] = []
+        for doc in expired:
+            old = task(doc)
+            chosen = _RESCUE_PLANS[rescue_case(old.cancel_reason, old.attempts, old.max_retries)]
+            new = await settle(db, s, doc, chosen, now, writes, error=RESCUE_ERROR)
+            assert chosen.transition.outcome is not None
+            writes.attempts.append(
+                Attempt(
+                    task_id=old.id,
+                    number=old.attempts,
+                    worker_id=old.worker_id or "",
+                    started_at=old.started_at or at,
+                    finished_at=at,
+                    outcome=chosen.transition.outcome,
+                    error=RESCUE_ERROR,
+                )
+            )
+            rescued.append(new)
+        await record(db, s, writes, now)
+        return rescued
+
+    return await transaction(conn, body)

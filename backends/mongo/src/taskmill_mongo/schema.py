@@ -1,0 +1,181 @@
+"""The collections and indexes of a taskmill database, their version, and the checks
+``open`` and ``migrate`` make before using a database.
+
+Every collection is created by :func:`create`, outside any transaction, and never by its
+first write; the version is recorded in ``taskmill_meta``. A database that holds other
+collections and no taskmill version is refused, never modified.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Final
+
+from pymongo import ASCENDING, DESCENDING, IndexModel
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import CollectionInvalid, DuplicateKeyError, OperationFailure
+from taskmill.errors import SchemaVersionError, StorageUnavailable
+
+from taskmill_mongo.options import redact
+
+__all__ = [
+    "ATTEMPT_INDEXES",
+    "COLLECTIONS",
+    "DEPENDENCY_INDEXES",
+    "DEPENDENTS",
+    "EVENT_INDEXES",
+    "SCHEMA_VERSION",
+    "TASK_INDEXES",
+    "WAITING",
+    "Doc",
+    "change_streams_offered",
+    "check_version",
+    "create",
+    "stored_version",
+]
+
+Doc = dict[str, Any]
+
+SCHEMA_VERSION: Final = 2
+"""The version of the collections and indexes this code creates (``taskmill_meta``).
+
+1. ``tasks``, ``attempts``, ``events``, ``counters``, ``suspensions``, ``handlers``.
+2. Task dependencies (collection ``dependencies``; the task fields ``waiting_on`` and
+   ``dependents``, absent when 0) and global limits (collection ``buckets``). Version 1
+   data needs no rewrite: a task without the new fields waits for nothing and has no
+   dependents, so ``migrate`` only creates the new indexes.
+"""
+
+COLLECTIONS: Final = (
+    "tasks",
+    "attempts",
+    "events",
+    "counters",
+    "suspensions",
+    "handlers",
+    "dependencies",
+    "buckets",
+)
+# The task fields a task document carries besides what task_document() writes (both
+# absent when 0, so that a version-1 document reads as waiting for nothing):
+# how many of its dependencies have not ended yet (a PENDING task with it is not
+# claimable), and how many dependency edges name it (a hint that its end has dependents
+# to settle, and the field an enqueue of a dependent writes to conflict with its end).
+WAITING: Final = "waiting_on"
+DEPENDENTS: Final = "dependents"
+
+TASK_INDEXES: Final = [
+    IndexModel([("seq", ASCENDING)], name="seq", unique=True),
+    # Claims: PENDING leaders of some types, in claim order (aliases are filtered out).
+    IndexModel(
+        [("status", ASCENDING), ("task_type", ASCENDING), ("priority", DESCENDING), ("seq", 1)],
+        name="claim",
+    ),
+    IndexModel(
+        [("leader_key", ASCENDING)],
+        name="leader_key",
+        unique=True,
+        partialFilterExpression={"leader_key": {"$type": "string"}},
+    ),
+    IndexModel([("status", ASCENDING), ("lease_expires_at", ASCENDING)], name="lease"),
+    IndexModel([("status", ASCENDING), ("finished_at", ASCENDING)], name="retention"),
+    IndexModel([("parent_id", ASCENDING), ("seq", ASCENDING)], name="children"),
+    IndexModel([("alias_of", ASCENDING), ("seq", ASCENDING)], name="aliases"),
+    IndexModel([("claim_token", ASCENDING)], name="claim_token", sparse=True),
+]
+ATTEMPT_INDEXES: Final = [
+    IndexModel([("task_id", ASCENDING), ("number", ASCENDING), ("seq", ASCENDING)], name="log"),
+]
+EVENT_INDEXES: Final = [IndexModel([("at", ASCENDING)], name="at")]
+# One document per unresolved dependency edge: ``task_id`` waits for ``depends_on``.
+DEPENDENCY_INDEXES: Final = [
+    IndexModel([("depends_on", ASCENDING), ("task_id", ASCENDING)], name="depends_on"),
+    IndexModel([("task_id", ASCENDING)], name="dependent"),
+]
+
+
+async def change_streams_offered(db: AsyncDatabase[Doc]) -> bool:
+    """Whether the server opens a change stream (``notifications``): a standalone
+    mongod, a user without the ``changeStream`` action, or a server that does not know
+    ``$changeStream`` refuse it. Probed on ``taskmill_meta``, which is rarely written
+    (on nx-27017 a watched collection gets write triggers)."""
+    try:
+        stream = await db.taskmill_meta.watch([], max_await_time_ms=1)
+    except OperationFailure:
+        return False
+    await stream.close()
+    return True
+
+
+async def stored_version(db: AsyncDatabase[Doc], url: str) -> int | None:
+    """The taskmill version recorded in ``db``, or None when it has none yet.
+
+    :raises StorageUnavailable: ``db`` holds other collections and no taskmill version.
+    """
+    meta = await db.taskmill_meta.find_one({"_id": "schema"})
+    if meta is None:
+        names = set(await db.list_collection_names())
+        if names - {"taskmill_meta", *COLLECTIONS}:
+            raise StorageUnavailable(
+                f"database {db.name!r} at {redact(url)} is not a taskmill "
+                f"database (it holds {', '.join(sorted(names))}); name an empty or "
+                "a taskmill database in the URL"
+            )
+        return None
+    return int(meta["version"])
+
+
+def check_version(version: int, database: str, url: str) -> None:
+    """Refuse a stored ``version`` other than :data:`SCHEMA_VERSION`.
+
+    :raises SchemaVersionError: naming the upgrade (newer) or the migration (older).
+    """
+    if version > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"database {database!r} has taskmill schema version {version}, newer "
+            f"than this taskmill-mongo knows ({SCHEMA_VERSION}); upgrade it: "
+            "pip install --upgrade taskmill-mongo"
+        )
+    if version < SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"database {database!r} has taskmill schema version {version}, older "
+            f"than this code needs ({SCHEMA_VERSION}); run: "
+            f"taskmill migrate --url {redact(url)}"
+        )
+
+
+async def create(db: AsyncDatabase[Doc]) -> None:
+    """Create the collections' indexes (idempotent: the same definitions from
+    several processes at once are one index) and record the version."""
+    await db.tasks.create_indexes(TASK_INDEXES)
+    await db.attempts.create_indexes(ATTEMPT_INDEXES)
+    await db.events.create_indexes(EVENT_INDEXES)
+    await db.dependencies.create_indexes(DEPENDENCY_INDEXES)
+    # Every collection is created here, outside any transaction, not by its first
+    # write: ``suspensions`` and ``buckets`` are first written inside a
+    # transaction (a suspend, a claim's rate-limit upsert), and creating a
+    # collection there is refused by MongoDB before 4.4 and in cross-shard write
+    # transactions, and raced in the MongoDB-protocol test server (a suspend
+    # once failed there with "no such table: suspensions").
+    existing = set(await db.list_collection_names())
+    for name in COLLECTIONS:
+        if name in existing:
+            continue
+        with contextlib.suppress(CollectionInvalid):  # created by another process
+            try:
+                await db.create_collection(name)
+            except OperationFailure as exc:
+                if exc.code != 48:  # NamespaceExists: created meanwhile
+                    raise
+    for counter in ("tasks", "events"):
+        with contextlib.suppress(DuplicateKeyError):  # another process inserted it first
+            await db.counters.update_one(
+                {"_id": counter}, {"$setOnInsert": {"value": 0}}, upsert=True
+            )
+    # DuplicateKeyError: recorded (at this version or newer) by another process meanwhile.
+    with contextlib.suppress(DuplicateKeyError):
+        await db.taskmill_meta.update_one(
+            {"_id": "schema", "version": {"$lt": SCHEMA_VERSION}},
+            {"$set": {"version": SCHEMA_VERSION}},
+            upsert=True,
+        )
