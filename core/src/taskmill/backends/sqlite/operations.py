@@ -5,11 +5,10 @@ Each runs on the storage's database thread inside one ``BEGIN IMMEDIATE`` transa
 SQLiteDatabase`). The transitions they make are the lifecycle kernel's
 (:mod:`taskmill.lifecycle`): the statements come from
 :mod:`taskmill.backends.sqlite.statements`, and every event kind, attempt outcome and
-rescue or redrive decision is read from the kernel, not written here.
-
-Longer than 600 lines: these are the 24 operations of one transaction boundary, each a
-short function; splitting them by topic would scatter the helpers they share
-(chunking, alias settlement, the event writer).
+rescue or redrive decision is read from the kernel, not written here. What a task's end
+settles (aliases, dependents) and what a cancel changes are sequenced by the settlement
+engine (:mod:`taskmill.settlement`) over :class:`~taskmill.backends.sqlite.ledger.
+SQLiteLedger`.
 """
 
 from __future__ import annotations
@@ -17,20 +16,17 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import attrs
 
 from taskmill.backends.sqlite import statements as sql
+from taskmill.backends.sqlite.ledger import SQLiteLedger, chunks, insert_events
 from taskmill.backends.sqlite.rows import (
-    CANCEL_REASON,
-    ERROR,
     EVENT_COLUMNS,
     ID,
     ONE_US,
-    RESULT,
     SEQ,
-    STATUS_COL,
     TASK_COLUMNS,
     Row,
     as_datetime,
@@ -44,7 +40,6 @@ from taskmill.backends.sqlite.rows import (
 from taskmill.cursors import position_token, token_position
 from taskmill.errors import TaskNotFound
 from taskmill.lifecycle import (
-    CANCELLATION,
     DEFAULT_CANCEL_REASON,
     DEPENDENCY_CANCELLATION,
     FINISHES,
@@ -52,15 +47,11 @@ from taskmill.lifecycle import (
     RELEASED_ON_STOP,
     RESCUE_ERROR,
     RESCUES,
-    TERMINAL_EVENTS,
-    DependentOutcome,
     Transition,
-    cancel_error,
     cancel_targets,
     check_redrive,
     dependency_blocks,
     dependency_error,
-    dependency_settles,
     enqueued,
     finish_kind,
     finish_rounds,
@@ -92,7 +83,9 @@ from taskmill.model import (
     TaskStatus,
 )
 from taskmill.serialization import dumps
-from taskmill.sql.rows import REASON, STATUS, leads_aliases
+from taskmill.settlement import Settlement
+from taskmill.settlement import cancel as settlement_cancel
+from taskmill.sql.rows import REASON, STATUS
 from taskmill.storage import (
     ClaimRequest,
     Finish,
@@ -103,29 +96,17 @@ from taskmill.storage import (
     ProgressUpdate,
 )
 
-T = TypeVar("T")
-
-_TERMINAL_EVENT: Final = {s.value: e.value for s, e in TERMINAL_EVENTS.items()}
-"""The event of a leader or alias reaching each terminal status (by stored value)."""
-_REQUEUED: Final = EventKind.REQUEUED.value
-_RELEASED: Final = EventKind.RELEASED.value
-_TERMINAL: Final = frozenset(_TERMINAL_EVENT)
-assert DEPENDENCY_CANCELLATION.event.value == CANCELLATION.event.value
 _STARTED: Final = EventKind.STARTED.value
 _CANCEL_REQUESTED: Final = EventKind.CANCEL_REQUESTED.value
-_CANCELLED_EVENT: Final = CANCELLATION.event.value
-assert CANCELLATION.outcome is not None
-_CANCELLED_OUTCOME: Final = CANCELLATION.outcome.value
 _PROGRESS: Final = EventKind.PROGRESS.value
 _COMPLETED: Final = AttemptOutcome.COMPLETED.value
 _APPLIED: Final = {
-    kind: (t.event.value, None if t.outcome is None else t.outcome.value)
-    for kind, t in FINISHES.items()
+    kind: (t.event, None if t.outcome is None else t.outcome.value) for kind, t in FINISHES.items()
 }
 """Per finish kind: its event, and the outcome it logs (None: the worker's)."""
 
 
-def _applied(row: Row, kind: FinishKind, finish: Finish) -> tuple[Row, str, str]:
+def _applied(row: Row, kind: FinishKind, finish: Finish) -> tuple[Row, str, EventKind]:
     """(row, attempt outcome, event kind) of ``finish`` applied as ``kind``."""
     event_kind, outcome = _APPLIED[kind]
     return row, outcome or finish.outcome.value, event_kind
@@ -136,29 +117,6 @@ def _outcome(transition: Transition) -> str:
     return transition.outcome.value
 
 
-def insert_events(conn: sqlite3.Connection, events: list[Row]) -> None:
-    """Append ``events`` (task_seq, task_id, kind, status, at), in order.
-
-    A batch is one multi-row statement per 128 events rather than ``executemany``,
-    which runs the statement (and the AUTOINCREMENT bookkeeping in sqlite_sequence)
-    once per row: this is on the claim and finish paths, two events per task. Sizes
-    are rounded up to a multiple of 8 (at most 23 distinct statements): padding to a
-    power of two, as the finishes do, made a batch of 100 events cost 40% more.
-    """
-    if len(events) == 1:
-        conn.execute(sql.INSERT_EVENT, events[0])
-        return
-    for start in range(0, len(events), sql.EVENT_CHUNK):
-        chunk = events[start : start + sql.EVENT_CHUNK]
-        size = len(chunk) if len(chunk) <= 8 else -(-len(chunk) // 8) * 8
-        params: list[Any] = []
-        for one in chunk:
-            params += one
-        for _ in range(size - len(chunk)):
-            params += sql.EVENT_PAD
-        conn.execute(sql.events_sql(size), params)
-
-
 # The tasks one enqueue inserted are exactly those above the largest seq read before
 
 
@@ -167,7 +125,7 @@ def _taken_ids(conn: sqlite3.Connection, tasks: Sequence[NewTask]) -> dict[str, 
     enqueue can insert one of them before this one commits)."""
     ids = list(dict.fromkeys(new.id for new in tasks))
     found: dict[str, Task] = {}
-    for chunk in _chunks(ids):
+    for chunk in chunks(ids):
         marks = ", ".join("?" * len(chunk))
         for row in conn.execute(f"{sql.SELECT_TASKS} WHERE id IN ({marks})", list(chunk)):
             snapshot = task(row)
@@ -182,7 +140,7 @@ def _dependencies(
     that does not exist or is another app's (before anything is written)."""
     wanted = list(dict.fromkeys(d for new in tasks for d in new.after))
     found: dict[str, tuple[str, str | None]] = {}
-    for chunk in _chunks(wanted):
+    for chunk in chunks(wanted):
         for task_id, status, app_id in conn.execute(sql.dependencies_sql(len(chunk)), chunk):
             found[task_id] = (status, app_id)
     for new in tasks:
@@ -247,52 +205,24 @@ def enqueue(conn: sqlite3.Connection, tasks: Sequence[NewTask]) -> list[Task]:
     if edges:
         conn.executemany(sql.INSERT_DEPENDENCY, edges)
     if blocked:
-        events: list[Row] = []
-        for task_id, (dependency, status) in blocked.items():
-            error = dependency_error(dependency, STATUS[status])
-            row = conn.execute(sql.DEPENDENCY_CANCEL, (now, error, task_id)).fetchone()
-            events.append((row[SEQ], row[ID], _CANCELLED_EVENT, "cancelled", now))
-            known[task_id] = task(row)
-        ended = [(task_id, "cancelled") for task_id in blocked]
-        settle_dependents(conn, ended, now, events)
-        insert_events(conn, events)
+        ledger = SQLiteLedger(conn, now)
+        for row in run_sync(_cancel_blocked(ledger, blocked)):
+            known[row[ID]] = task(row)
+        insert_events(conn, ledger.events)
     return [known[new.id] for new in tasks]
 
 
-def settle_dependents(
-    conn: sqlite3.Connection, ended: list[tuple[str, str]], now: int, events: list[Row]
-) -> list[Row]:
-    """Settle the dependents of the tasks that just ended, given as (id, stored status),
-    as :func:`taskmill.lifecycle.dependency_settles` says, and in turn those of the
-    dependents that cancels; append the events to ``events``.
-
-    :returns: the rows of the dependents cancelled.
-    """
-    cancelled: list[Row] = []
-    level = ended
-    while level:
-        status_of = dict(level)
-        edges: list[Row] = []
-        for chunk in _chunks(list(status_of)):
-            edges += conn.execute(sql.resolve_edges_sql(len(chunk)), chunk).fetchall()
-        level = []
-        for dependency, dependent_id, always in edges:
-            found = conn.execute(sql.COUNT_DOWN, (dependent_id,)).fetchone()
-            if found is None:
-                continue  # deleted by cleanup
-            seq, status, left = found
-            ended_as = STATUS[status_of[dependency]]
-            blocks = bool(dependency_blocks(ended_as, bool(always)))
-            outcome = dependency_settles(STATUS[status], left, blocks=blocks)
-            if outcome is DependentOutcome.RELEASED:
-                events.append((seq, dependent_id, _RELEASED, "pending", now))
-            elif outcome is DependentOutcome.CANCELLED:
-                error = dependency_error(dependency, ended_as)
-                row = conn.execute(sql.DEPENDENCY_CANCEL, (now, error, dependent_id)).fetchone()
-                events.append((seq, dependent_id, _CANCELLED_EVENT, "cancelled", now))
-                cancelled.append(row)
-                level.append((dependent_id, "cancelled"))
-    return cancelled
+async def _cancel_blocked(ledger: SQLiteLedger, blocked: dict[str, tuple[str, str]]) -> list[Row]:
+    """Cancel the tasks just enqueued that a dependency blocks (task id -> (dependency,
+    its status)), with what that settles; every row changed."""
+    settlement = Settlement(ledger)
+    changed: list[Row] = []
+    for task_id, (dependency, status) in blocked.items():
+        error = dependency_error(dependency, STATUS[status])
+        row = ledger.cancel_waiting(task_id, error)
+        changed.append(row)
+        changed += await settlement.transitioned(row, DEPENDENCY_CANCELLATION.event)
+    return changed + await settlement.dependents()
 
 
 _BUCKETS: Final = "SELECT tokens, updated_at FROM rate_buckets WHERE scope = ? AND task_type = ?"
@@ -363,29 +293,6 @@ def claim(conn: sqlite3.Connection, request: ClaimRequest) -> list[Task]:
     return snapshots
 
 
-def _settle_aliases(
-    conn: sqlite3.Connection, leader: Row, now: int, events: list[Row]
-) -> list[Row]:
-    """Give a terminal leader's aliases what :data:`~taskmill.lifecycle.ALIAS_FIELDS`
-    names; append their events (the leader's terminal kind) to ``events``.
-
-    :returns: the aliases' new rows, in creation order.
-    """
-    status = leader[STATUS_COL]
-    rows = conn.execute(
-        sql.SETTLE_ALIASES,
-        (
-            status, leader[RESULT], leader[ERROR], leader[CANCEL_REASON],
-            now, now, leader[ID],
-        ),
-    ).fetchall()  # fmt: skip
-    if rows:
-        rows.sort(key=lambda r: r[SEQ])
-        kind = _TERMINAL_EVENT[status]
-        events += [(r[SEQ], r[ID], kind, status, now) for r in rows]
-    return rows
-
-
 def _finish_values(finish: Finish, now: int) -> Row:
     """The VALUES row of one finish (see statements.FINISH_SETS)."""
     lease = finish.lease
@@ -429,14 +336,14 @@ def _apply_finishes(
 def finish(conn: sqlite3.Connection, finishes: Sequence[Finish]) -> list[Task | None]:
     """Apply ``finishes``; per finish, the new snapshot, or None (lease lost)."""
     results: list[Task | None] = [None] * len(finishes)
-    _finish(conn, finishes, results, task)
+    run_sync(_finish(conn, finishes, results, task))
     return results
 
 
 def finish_applied(conn: sqlite3.Connection, finishes: Sequence[Finish]) -> list[bool]:
     """:func:`finish` without building snapshots: per finish, whether it was applied."""
     applied = [False] * len(finishes)
-    _finish(conn, finishes, applied, _applied_flag)
+    run_sync(_finish(conn, finishes, applied, _applied_flag))
     return applied
 
 
@@ -444,7 +351,7 @@ def _applied_flag(row: Row) -> bool:
     return True
 
 
-def _finish(
+async def _finish(
     conn: sqlite3.Connection,
     finishes: Sequence[Finish],
     results: list[Any],
@@ -454,15 +361,15 @@ def _finish(
     finish ``i``."""
     now = now_us()
     log: list[Row] = []
-    events: list[Row] = []
-    ended: list[tuple[str, str]] = []
+    ledger = SQLiteLedger(conn, now)
+    settlement = Settlement(ledger)
     for indexes in finish_rounds(finishes):
         by_kind: dict[FinishKind, list[int]] = {}
         for index in indexes:
             by_kind.setdefault(finishes[index].kind, []).append(index)
         values = {index: _finish_values(finishes[index], now) for index in indexes}
         # index -> (new row, attempt outcome, event kind)
-        applied: dict[int, tuple[Row, str, str]] = {}
+        applied: dict[int, tuple[Row, str, EventKind]] = {}
         released: list[int] = []
         for kind, members in by_kind.items():
             rows = _apply_finishes(conn, now, kind, [values[i] for i in members])
@@ -485,12 +392,7 @@ def _finish(
             if index not in applied:
                 continue
             row, outcome, kind_event = applied[index]
-            events.append((row[SEQ], row[ID], kind_event, row[STATUS_COL], now))
-            if row[STATUS_COL] in _TERMINAL:
-                ended.append((row[ID], row[STATUS_COL]))
-            if leads_aliases(row):
-                for alias in _settle_aliases(conn, row, now, events):
-                    ended.append((alias[ID], alias[STATUS_COL]))
+            await settlement.transitioned(row, kind_event)
             finish = finishes[index]
             lease = finish.lease
             log.append(
@@ -501,11 +403,11 @@ def _finish(
                 )
             )  # fmt: skip
             results[index] = result_of(row)
-    if ended:
-        settle_dependents(conn, ended, now, events)
+    if settlement.pending:
+        await settlement.dependents()
     if log:
         conn.executemany(sql.INSERT_ATTEMPT, log)
-        insert_events(conn, events)
+        insert_events(conn, ledger.events)
 
 
 def renew(
@@ -546,23 +448,21 @@ def save_progress(conn: sqlite3.Connection, updates: Sequence[ProgressUpdate]) -
 
 
 def rescue(conn: sqlite3.Connection, limit: int) -> list[Task]:
+    return run_sync(_rescue(conn, limit))
+
+
+async def _rescue(conn: sqlite3.Connection, limit: int) -> list[Task]:
     now = now_us()
     expired = conn.execute(sql.RESCUE_SELECT, (now, limit)).fetchall()
     rescued: list[Task] = []
     log: list[Row] = []
-    events: list[Row] = []
-    ended: list[tuple[str, str]] = []
+    ledger = SQLiteLedger(conn, now)
+    settlement = Settlement(ledger)
     for seq, task_id, worker_id, attempts, max_retries, started_at, reason in expired:
         case = rescue_case(None if reason is None else REASON[reason], attempts, max_retries)
         transition = RESCUES[case]
         row = conn.execute(sql.RESCUE[case], (now, task_id)).fetchone()
-        status = row[STATUS_COL]
-        events.append((seq, task_id, transition.event.value, status, now))
-        if status in _TERMINAL:
-            ended.append((task_id, status))
-        if leads_aliases(row):
-            for alias in _settle_aliases(conn, row, now, events):
-                ended.append((alias[ID], alias[STATUS_COL]))
+        await settlement.transitioned(row, transition.event)
         log.append(
             (
                 seq, task_id, attempts, worker_id or "",
@@ -571,11 +471,11 @@ def rescue(conn: sqlite3.Connection, limit: int) -> list[Task]:
             )
         )  # fmt: skip
         rescued.append(task(row))
-    if ended:
-        settle_dependents(conn, ended, now, events)
+    if settlement.pending:
+        await settlement.dependents()
     if log:
         conn.executemany(sql.INSERT_ATTEMPT, log)
-        insert_events(conn, events)
+        insert_events(conn, ledger.events)
     return rescued
 
 
@@ -667,10 +567,6 @@ def cleanup(conn: sqlite3.Connection, args: tuple[timedelta, frozenset[TaskStatu
     return conn.execute(f"DELETE FROM tasks WHERE {where}", params).rowcount
 
 
-def _chunks(items: Sequence[T]) -> list[Sequence[T]]:
-    return [items[i : i + sql.CHUNK] for i in range(0, len(items), sql.CHUNK)]
-
-
 def _cancel_targets(
     conn: sqlite3.Connection,
     task_ids: Sequence[str] | None,
@@ -690,7 +586,7 @@ def _cancel_targets(
 
     async def children_of(level: list[str]) -> list[tuple[str, str]]:
         pairs: list[tuple[str, str]] = []
-        for chunk in _chunks(level):
+        for chunk in chunks(level):
             text = (
                 "SELECT id, parent_id FROM tasks "
                 f"WHERE parent_id IN ({sql.marks(len(chunk))}) ORDER BY seq"
@@ -708,74 +604,15 @@ def cancel(
     task_ids, filter, reason, cascade = args
     now = now_us()
     targets = _cancel_targets(conn, task_ids, filter, cascade)
-    rows: dict[str, Row] = {}
-    events: list[Row] = []
-    changed: list[Row] = []
-    if not reason.terminal:
-        # SUSPENDED, SHUTDOWN: only a running task without a request yet is asked to stop.
-        for chunk in _chunks(targets):
-            params = [reason.value, now, *chunk]
-            for row in conn.execute(sql.request_stop_sql(len(chunk)), params):
-                rows[row[ID]] = row
-        changed = [rows[i] for i in targets if i in rows]
-        events += [(r[SEQ], r[ID], _CANCEL_REQUESTED, "running", now) for r in changed]
-        if events:
-            insert_events(conn, events)
-        return [task(r) for r in changed]
-
-    # A terminal reason: every selected active task ends CANCELLED, processed as if one
-    # by one in `targets` order, but with one UPDATE per 500 tasks.
-    position = {task_id: n for n, task_id in enumerate(targets)}
-    active: list[Row] = []
-    for chunk in _chunks(targets):
-        active += conn.execute(
-            "SELECT seq, id, status, worker_id, attempts, started_at, alias_of FROM tasks "
-            f"WHERE id IN ({sql.marks(len(chunk))}) AND status IN ('pending', 'running')",
-            chunk,
-        ).fetchall()
-    # An alias whose (active) leader comes before it is cancelled *by* that leader,
-    # taking its result and error as aliases always do; otherwise it is cancelled alone.
-    first = {r[1]: position[r[1]] for r in active}
-    direct = [r[1] for r in active if first.get(r[6], len(targets)) > position[r[1]]]
-    for chunk in _chunks(direct):
-        for row in conn.execute(sql.cancel_sql(len(chunk)), [reason.value, now, *chunk]):
-            rows[row[ID]] = row
-    done: set[str] = set()
-    for task_id in targets:
-        row = rows.get(task_id)
-        if row is None or task_id in done:
-            continue
-        done.add(task_id)
-        changed.append(row)
-        events.append((row[SEQ], task_id, _CANCELLED_EVENT, "cancelled", now))
-        if leads_aliases(row):
-            # Its aliases still PENDING follow it; the dedupe key is free again (the
-            # tasks_dedupe_leader index covers active leaders only).
-            for alias in _settle_aliases(conn, row, now, events):
-                done.add(alias[ID])
-                changed.append(alias)
-    error = cancel_error(reason)
-    cancelled = _CANCELLED_OUTCOME
-    log = [
-        (
-            seq, task_id, attempts, worker_id or "",
-            now if started_at is None else started_at, now, cancelled, error,
-        )
-        for seq, task_id, status, worker_id, attempts, started_at, _ in active
-        if status == "running"
-    ]  # fmt: skip
-    if log:
-        conn.executemany(sql.INSERT_ATTEMPT, log)
-    if changed:
-        changed += settle_dependents(conn, [(r[ID], r[STATUS_COL]) for r in changed], now, events)
-    if events:
-        insert_events(conn, events)
+    ledger = SQLiteLedger(conn, now)
+    changed = run_sync(settlement_cancel(ledger, targets, reason, as_datetime(now)))
+    insert_events(conn, ledger.events)
     return [task(r) for r in changed]
 
 
 def watch(conn: sqlite3.Connection, leases: Sequence[Lease]) -> dict[str, CancelReason | None]:
     found: dict[str, tuple[str, int, str | None]] = {}
-    for chunk in _chunks(leases):
+    for chunk in chunks(leases):
         text = (
             "SELECT id, worker_id, attempts, cancel_reason FROM tasks "
             f"WHERE id IN ({sql.marks(len(chunk))}) AND status = 'running'"

@@ -395,9 +395,11 @@ INSERT_DEPENDENCY: Final = (
     "INSERT OR IGNORE INTO task_dependencies (depends_on, task_id, always) VALUES (?, ?, ?)"
 )
 COUNT_DOWN: Final = (
-    "UPDATE tasks SET waiting_on = waiting_on - 1 WHERE id = ? RETURNING seq, status, waiting_on"
+    "UPDATE tasks SET waiting_on = waiting_on - 1 WHERE id = ? "
+    f"RETURNING {TASK_COLUMNS}, waiting_on"
 )
-"""One of a dependent's dependencies ended (parameter: the dependent's id)."""
+"""One of a dependent's dependencies ended (parameter: the dependent's id); its row, then
+the count of dependencies it still waits for."""
 _DEPENDENCY_SOURCES: Final = Sources(
     now="?1", error="?2", cancel_reason=literal(DEPENDENCY_CANCEL_REASON.value)
 )
