@@ -34,15 +34,11 @@ from taskmill.lifecycle import (
     REDRIVE_EVENT,
     RESCUE_ERROR,
     RESCUES,
-    TERMINAL_EVENTS,
-    DependentOutcome,
     TransitionPlan,
-    cancel_error,
     cancel_targets,
     check_redrive,
     dependency_blocks,
     dependency_error,
-    dependency_settles,
     enqueued,
     finish_kind,
     key_taken,
@@ -54,7 +50,6 @@ from taskmill.lifecycle import (
     unknown_dependency,
 )
 from taskmill.limits import Bucket, limited_caps, locked_keys, refill, spend
-from taskmill.migrations import run_sync
 from taskmill.model import (
     NO_PROGRESS,
     Attempt,
@@ -69,6 +64,8 @@ from taskmill.model import (
     TaskStatus,
 )
 from taskmill.serialization import loads
+from taskmill.settlement import Active, Edge, Settlement
+from taskmill.settlement import cancel as settlement_cancel
 from taskmill.storage import (
     ClaimRequest,
     Finish,
@@ -134,9 +131,6 @@ class MemoryStorage(TaskStorage):
         # none), and per dependency its unresolved edges (dependent id, after_always).
         self._waiting: dict[str, int] = {}
         self._dependents: dict[str, list[tuple[str, bool]]] = {}
-        # Dependents cancelled by their dependency during the current operation: cancel()
-        # returns them among the tasks it changed; every other operation drops them.
-        self._cancelled_by_dependency: list[Task] = []
         self._buckets: dict[HandlerKey, Bucket] = {}
 
     def _emit(self, kind: EventKind, task: Task, at: float) -> None:
@@ -206,6 +200,8 @@ class MemoryStorage(TaskStorage):
                     raise unknown_dependency(
                         dependency, new.app_id, None if found is None else found.app_id
                     )
+        ledger = _MemoryLedger(self, now_ts)
+        settlement = Settlement(ledger)
         for new in fresh:
             alias_of = None
             if new.dedupe_key is not None:
@@ -227,8 +223,10 @@ class MemoryStorage(TaskStorage):
                 self._children.setdefault(task.parent_id, []).append(task.id)
             self._emit(EventKind.ENQUEUED, task, now_ts)
             if blocker is not None:
-                self._cancel_for(task, blocker, now_ts)
-        self._cancelled_by_dependency.clear()
+                error = dependency_error(blocker.id, blocker.status)
+                task = await ledger.cancel_dependent(task, error)
+                await settlement.transitioned(task, DEPENDENCY_CANCELLATION.event)
+        await settlement.dependents()
         return [known.get(new.id) or self._tasks[new.id] for new in tasks]
 
     def _wait_for(self, new: NewTask) -> Task | None:
@@ -244,52 +242,6 @@ class MemoryStorage(TaskStorage):
             elif blocks and blocker is None:
                 blocker = found
         return blocker
-
-    def _cancel_for(self, task: Task, dependency: Task, now_ts: float) -> Task:
-        """``task`` cancelled because ``dependency`` ended without completing."""
-        task = _DEPENDENCY_CANCEL_PLAN.apply(
-            task,
-            from_timestamp(now_ts),
-            error=dependency_error(dependency.id, dependency.status),
-            cancel_reason=DEPENDENCY_CANCEL_REASON,
-        )
-        self._tasks[task.id] = task
-        self._emit(DEPENDENCY_CANCELLATION.event, task, now_ts)
-        self._cancelled_by_dependency.append(task)
-        self._resolve([task], now_ts)
-        return task
-
-    def _resolve(self, ended: list[Task], now_ts: float) -> None:
-        """Settle the dependents of the tasks that just ended (and, breadth first, of
-        the dependents that cancels)."""
-        work = list(ended)
-        while work:
-            dependency = work.pop()
-            for dependent_id, always in self._dependents.pop(dependency.id, ()):
-                left = self._waiting.get(dependent_id, 1) - 1
-                if left:
-                    self._waiting[dependent_id] = left
-                else:
-                    self._waiting.pop(dependent_id, None)
-                dependent = self._tasks.get(dependent_id)
-                if dependent is None:
-                    continue
-                blocks = bool(dependency_blocks(dependency.status, always))
-                outcome = dependency_settles(dependent.status, left, blocks=blocks)
-                if outcome is DependentOutcome.RELEASED:
-                    self._emit(EventKind.RELEASED, dependent, now_ts)
-                    self._queue(dependent, now_ts)
-                elif outcome is DependentOutcome.CANCELLED:
-                    dependent = _DEPENDENCY_CANCEL_PLAN.apply(
-                        dependent,
-                        from_timestamp(now_ts),
-                        error=dependency_error(dependency.id, dependency.status),
-                        cancel_reason=DEPENDENCY_CANCEL_REASON,
-                    )
-                    self._tasks[dependent_id] = dependent
-                    self._emit(DEPENDENCY_CANCELLATION.event, dependent, now_ts)
-                    self._cancelled_by_dependency.append(dependent)
-                    work.append(dependent)
 
     async def claim_batch(self, request: ClaimRequest) -> list[Task]:
         self._check_open()
@@ -408,37 +360,29 @@ class MemoryStorage(TaskStorage):
         )
         self._log[attempt.task_id] = (*self._log.get(attempt.task_id, ()), row)
 
-    def _settle(self, task: Task, plan: TransitionPlan, now_ts: float, **values: Any) -> Task:
-        """Write a transition out of RUNNING (or PENDING) and follow its consequences:
-        requeue, free the dedupe key, settle the aliases, and record the events."""
-        now = from_timestamp(now_ts)
-        task = plan.apply(task, now, **values)
+    def _write(self, task: Task) -> Task:
+        """Store ``task``'s new state: out of the running set once it is no longer
+        RUNNING, its dedupe key free once it ended."""
         self._tasks[task.id] = task
-        self._running.discard(task.id)
-        self._emit(plan.transition.event, task, now_ts)
-        if plan.requeues:
-            self._queue(task, now_ts)
-            return task
-        ended = [task]
-        if task.dedupe_key is not None:
+        if task.status is not _RUNNING:
+            self._running.discard(task.id)
+        if task.status.terminal and task.dedupe_key is not None:
             scope = (task.app_id, task.task_type, task.dedupe_key)
             if self._leaders.get(scope) == task.id:
                 del self._leaders[scope]
-            if settles_aliases(task.status, task.dedupe_key, task.alias_of):
-                kind = TERMINAL_EVENTS[task.status]
-                for alias_id in self._aliases.pop(task.id, ()):
-                    alias = self._tasks.get(alias_id)
-                    if alias is not None and alias.status is _PENDING:
-                        alias = self._tasks[alias_id] = settle_alias(alias, task, now)
-                        self._emit(kind, alias, now_ts)
-                        ended.append(alias)
-        if self._dependents:
-            self._resolve(ended, now_ts)
+        return task
+
+    def _transition(self, task: Task, plan: TransitionPlan, now_ts: float, **values: Any) -> Task:
+        """Write a transition out of RUNNING (or PENDING); requeue it when it does."""
+        task = self._write(plan.apply(task, from_timestamp(now_ts), **values))
+        if plan.requeues:
+            self._queue(task, now_ts)
         return task
 
     async def finish_batch(self, finishes: Sequence[Finish]) -> list[Task | None]:
         self._check_open()
         now_ts = wall_clock()
+        settlement = Settlement(_MemoryLedger(self, now_ts))
         results: list[Task | None] = []
         for finish in finishes:
             task = self._held(finish.lease)
@@ -459,7 +403,7 @@ class MemoryStorage(TaskStorage):
                 extra["result"] = None if result_json in _NO_RESULT else loads(result_json)
             elif kind is FinishKind.RETRY:
                 extra["run_later"] = from_timestamp(now_ts + finish.retry_in)
-            task = self._settle(
+            task = self._transition(
                 task,
                 chosen,
                 now_ts,
@@ -467,6 +411,7 @@ class MemoryStorage(TaskStorage):
                 cancel_reason=finish.cancel_reason or DEFAULT_CANCEL_REASON,
                 **extra,
             )
+            await settlement.transitioned(task, chosen.transition.event)
             outcome = chosen.transition.outcome or finish.outcome
             self._log_attempt(
                 Attempt(
@@ -480,7 +425,7 @@ class MemoryStorage(TaskStorage):
                 )
             )
             results.append(task)
-        self._cancelled_by_dependency.clear()  # cancel() alone reports them
+        await settlement.dependents()
         return results
 
     async def renew_leases(
@@ -521,6 +466,7 @@ class MemoryStorage(TaskStorage):
         self._check_open()
         now_ts = wall_clock()
         now = from_timestamp(now_ts)
+        settlement = Settlement(_MemoryLedger(self, now_ts))
         rescued: list[Task] = []
         for task_id in list(self._running):
             if len(rescued) >= limit:
@@ -531,7 +477,8 @@ class MemoryStorage(TaskStorage):
             worker_id, number, started = task.worker_id, task.attempts, task.started_at
             chosen = _RESCUE_PLANS[rescue_case(task.cancel_reason, task.attempts, task.max_retries)]
             transition = chosen.transition
-            task = self._settle(task, chosen, now_ts, error=RESCUE_ERROR)
+            task = self._transition(task, chosen, now_ts, error=RESCUE_ERROR)
+            await settlement.transitioned(task, transition.event)
             assert transition.outcome is not None  # a rescue logs its own outcome
             self._log_attempt(
                 Attempt(
@@ -545,7 +492,7 @@ class MemoryStorage(TaskStorage):
                 )
             )
             rescued.append(task)
-        self._cancelled_by_dependency.clear()
+        await settlement.dependents()
         return rescued
 
     async def retry(self, task_id: str) -> Task:
@@ -687,45 +634,8 @@ class MemoryStorage(TaskStorage):
         async def children_of(level: list[str]) -> list[tuple[str, str]]:
             return [(c, p) for p in level for c in self._children.get(p, ())]
 
-        targets = run_sync(cancel_targets(selected, children_of if cascade else None))
-        settled: set[str] = set()  # aliases their leader cancelled in this call
-        changed: list[Task] = []
-        self._cancelled_by_dependency.clear()
-        for task_id in targets:
-            task = self._tasks.get(task_id)
-            if task is None or task.status.terminal or task_id in settled:
-                continue
-            if not reason.terminal:
-                if task.status is _RUNNING and task.cancel_reason is None:
-                    task = self._tasks[task_id] = task.evolve(cancel_reason=reason, updated_at=now)
-                    self._emit(EventKind.CANCEL_REQUESTED, task, now_ts)
-                    changed.append(task)
-                continue
-            if task.status is _RUNNING:
-                self._log_attempt(
-                    Attempt(
-                        task_id=task_id,
-                        number=task.attempts,
-                        worker_id=task.worker_id or "",
-                        started_at=task.started_at or now,
-                        finished_at=now,
-                        outcome=CANCELLED_OUTCOME,
-                        error=cancel_error(reason),
-                    )
-                )
-            # Decided before settling: only aliases still pending change with their leader.
-            following = [
-                alias_id
-                for alias_id in self._aliases.get(task_id, ())
-                if (alias := self._tasks.get(alias_id)) is not None and alias.status is _PENDING
-            ]
-            changed.append(self._settle(task, _CANCEL_PLAN, now_ts, cancel_reason=reason))
-            for alias_id in following:
-                settled.add(alias_id)
-                changed.append(self._tasks[alias_id])
-            changed += self._cancelled_by_dependency
-            self._cancelled_by_dependency.clear()
-        return changed
+        targets = await cancel_targets(selected, children_of if cascade else None)
+        return await settlement_cancel(_MemoryLedger(self, now_ts), targets, reason, now)
 
     async def watch_leases(self, leases: Sequence[Lease]) -> dict[str, CancelReason | None]:
         self._check_open()
@@ -815,3 +725,92 @@ class MemoryStorage(TaskStorage):
             self._registrations.values(),
             key=lambda r: (r.app_id is not None, r.app_id or "", r.task_type),
         )
+
+
+class _MemoryLedger:
+    """:class:`taskmill.settlement.CancelLedger` over a :class:`MemoryStorage`'s
+    dictionaries at ``now_ts`` (its methods never suspend: the operation stays atomic)."""
+
+    __slots__ = ("_at", "_now", "_store")
+
+    def __init__(self, store: MemoryStorage, now_ts: float) -> None:
+        self._store = store
+        self._now = now_ts
+        self._at = from_timestamp(now_ts)
+
+    def identify(self, row: Task) -> tuple[str, TaskStatus]:
+        return row.id, row.status
+
+    def leads_aliases(self, row: Task) -> bool:
+        return settles_aliases(row.status, row.dedupe_key, row.alias_of)
+
+    def emit(self, kind: EventKind, row: Task) -> None:
+        self._store._emit(kind, row, self._now)
+        if kind is EventKind.RELEASED:
+            self._store._queue(row, self._now)  # its last dependency ended: claimable
+
+    async def settle_aliases(self, leader: Task) -> list[Task]:
+        store = self._store
+        settled: list[Task] = []
+        for alias_id in store._aliases.pop(leader.id, ()):
+            alias = store._tasks.get(alias_id)
+            if alias is not None and alias.status is _PENDING:
+                settled.append(store._write(settle_alias(alias, leader, self._at)))
+        return settled
+
+    async def resolve_edges(self, ended: Sequence[str]) -> list[Edge]:
+        dependents = self._store._dependents
+        return [
+            Edge(dependency, dependent, always)
+            for dependency in ended
+            for dependent, always in dependents.pop(dependency, ())
+        ]
+
+    async def count_down(self, dependent: str) -> tuple[Task, int] | None:
+        store = self._store
+        left = store._waiting.get(dependent, 1) - 1
+        if left:
+            store._waiting[dependent] = left
+        else:
+            store._waiting.pop(dependent, None)
+        task = store._tasks.get(dependent)
+        return None if task is None else (task, left)
+
+    async def cancel_dependent(self, dependent: Task, error: str) -> Task:
+        return self._store._write(
+            _DEPENDENCY_CANCEL_PLAN.apply(
+                dependent, self._at, error=error, cancel_reason=DEPENDENCY_CANCEL_REASON
+            )
+        )
+
+    async def request_stop(self, ids: Sequence[str], reason: CancelReason) -> dict[str, Task]:
+        store = self._store
+        asked: dict[str, Task] = {}
+        for task_id in ids:
+            task = store._tasks.get(task_id)
+            if task is not None and task.status is _RUNNING and task.cancel_reason is None:
+                asked[task_id] = store._write(
+                    task.evolve(cancel_reason=reason, updated_at=self._at)
+                )
+        return asked
+
+    async def lock_active(self, ids: Sequence[str]) -> list[Active]:
+        store = self._store
+        found = [t for i in dict.fromkeys(ids) if (t := store._tasks.get(i)) and t.status.active]
+        found.sort(key=lambda t: store._seq[t.id])
+        return [
+            Active(t.id, t.status, t.alias_of, t.worker_id, t.attempts, t.started_at) for t in found
+        ]
+
+    async def cancel_rows(self, ids: Sequence[str], reason: CancelReason) -> dict[str, Task]:
+        store = self._store
+        return {
+            task_id: store._transition(
+                store._tasks[task_id], _CANCEL_PLAN, self._now, cancel_reason=reason
+            )
+            for task_id in ids
+        }
+
+    async def log_attempts(self, attempts: Sequence[Attempt]) -> None:
+        for attempt in attempts:
+            self._store._log_attempt(attempt)
