@@ -13,24 +13,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
-from taskmill.lifecycle import CANCELLATION, cancel_error, cancel_targets
+from taskmill.lifecycle import cancel_targets
 from taskmill.model import CancelReason, EventKind, SuspensionScope, Task, TaskFilter
-from taskmill.sql.rows import leads_aliases
+from taskmill.settlement import cancel as settlement_cancel
 
 from taskmill_mysql import statements as sql
 from taskmill_mysql.connection import Session
-from taskmill_mysql.events import Event, append_events
+from taskmill_mysql.events import append_events
+from taskmill_mysql.ledger import MySQLLedger
 from taskmill_mysql.packets import chunks
-from taskmill_mysql.readback import by_seq, now
-from taskmill_mysql.rows import ID, SEQ, STATUS_COL, Row, task
-from taskmill_mysql.settlement import settle_aliases, settle_dependents
+from taskmill_mysql.readback import now
+from taskmill_mysql.rows import task
 
 __all__ = ["cancel", "resume", "suspend", "suspensions"]
 
 _CANCEL_REQUESTED: Final = EventKind.CANCEL_REQUESTED.value
-_CANCELLED_EVENT: Final = CANCELLATION.event.value
-assert CANCELLATION.outcome is not None
-_CANCELLED_OUTCOME: Final = CANCELLATION.outcome.value
 
 
 async def _cancel_targets(
@@ -59,88 +56,15 @@ async def _cancel_targets(
     return await cancel_targets(selected, children_of if cascade else None)
 
 
-async def _lock_active(s: Session, ids: Sequence[str], *, running_only: bool) -> list[Row]:
-    """(seq, id, status, worker_id, attempts, started_at, alias_of, cancel_reason) of the
-    active (or RUNNING) tasks among ``ids``, locked, in seq order."""
-    state = "status = 'running'" if running_only else sql.ACTIVE
-    rows: list[Row] = []
-    for chunk in chunks(ids):
-        rows += await s.fetchall(
-            "SELECT seq, id, status, worker_id, attempts, started_at, alias_of, cancel_reason "
-            f"FROM tasks WHERE id IN ({sql.marks(len(chunk))}) AND {state} ORDER BY seq FOR UPDATE",
-            chunk,
-        )
-    rows.sort(key=lambda r: r[0])
-    return rows
-
-
 async def cancel(
     s: Session, args: tuple[Sequence[str] | None, TaskFilter | None, CancelReason, bool]
 ) -> list[Task]:
     task_ids, filter, reason, cascade = args
     targets = await _cancel_targets(s, task_ids, filter, cascade)
-    at = await now(s)
-    events: list[Event] = []
-    if not reason.terminal:
-        # SUSPENDED, SHUTDOWN: only a running task without a request yet is asked to stop.
-        asked = [r for r in await _lock_active(s, targets, running_only=True) if r[7] is None]
-        seqs = [r[0] for r in asked]
-        for chunk in chunks(seqs):
-            s.defer(
-                "UPDATE tasks SET cancel_reason = %s, updated_at = %s "
-                f"WHERE seq IN ({sql.marks(len(chunk))})",
-                [reason.value, at, *chunk],
-            )
-        by_id = {r[ID]: r for r in await by_seq(s, seqs)}
-        changed = [by_id[i] for i in targets if i in by_id]
-        events += [(r[SEQ], r[ID], _CANCEL_REQUESTED, "running", at) for r in changed]
-        await append_events(s, events)
-        return [task(r) for r in changed]
-
-    # A terminal reason: every selected active task ends CANCELLED, processed as if one
-    # by one in `targets` order.
-    position = {task_id: n for n, task_id in enumerate(targets)}
-    active = await _lock_active(s, targets, running_only=False)
-    # An alias whose (active) leader comes before it is cancelled *by* that leader,
-    # taking its result and error as aliases always do; otherwise it is cancelled alone.
-    first = {r[1]: position[r[1]] for r in active}
-    direct = [r[0] for r in active if first.get(r[6], len(targets)) > position[r[1]]]
-    for chunk in chunks(direct):
-        named = ", ".join(f"%(s{i})s" for i in range(len(chunk)))
-        s.defer(
-            f"UPDATE tasks SET {sql.CANCELLATION_SET}, updated_at = %(now)s, "
-            f"{sql.LEASE_CLEARED} WHERE seq IN ({named})",
-            {"now": at, "reason": reason.value, **{f"s{i}": q for i, q in enumerate(chunk)}},
-        )
-    rows = {r[ID]: r for r in await by_seq(s, direct)}
-    cancelled: list[Row] = []
-    done: set[str] = set()
-    for task_id in targets:
-        row = rows.get(task_id)
-        if row is None or task_id in done:
-            continue
-        done.add(task_id)
-        cancelled.append(row)
-        events.append((row[SEQ], task_id, _CANCELLED_EVENT, "cancelled", at))
-        if leads_aliases(row):
-            for alias in await settle_aliases(s, row, at, events):
-                done.add(alias[ID])
-                cancelled.append(alias)
-    error = cancel_error(reason)
-    log = [
-        (
-            seq, task_id, attempts_, worker_id or "", at if started_at is None else started_at,
-            at, _CANCELLED_OUTCOME, error,
-        )
-        for seq, task_id, status, worker_id, attempts_, started_at, _, _ in active
-        if status == "running"
-    ]  # fmt: skip
-    await s.executemany(sql.INSERT_ATTEMPT, log)
-    if cancelled:
-        ended = [(r[ID], r[STATUS_COL]) for r in cancelled]
-        cancelled += await settle_dependents(s, ended, at, events)
-    await append_events(s, events)
-    return [task(r) for r in cancelled]
+    ledger = MySQLLedger(s, await now(s))
+    changed = await settlement_cancel(ledger, targets, reason, ledger.at)
+    await append_events(s, ledger.events)
+    return [task(await r.stored(s)) for r in changed]
 
 
 async def suspend(s: Session, scope: SuspensionScope) -> int:

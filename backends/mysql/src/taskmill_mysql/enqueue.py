@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from taskmill.lifecycle import (
-    CANCELLATION,
+    DEPENDENCY_CANCELLATION,
     dependency_blocks,
     dependency_error,
     enqueued,
@@ -24,20 +24,21 @@ from taskmill.lifecycle import (
     unknown_dependency,
 )
 from taskmill.model import EventKind, Task
+from taskmill.settlement import Settlement
 from taskmill.sql.rows import STATUS
 from taskmill.storage import NewTask
 
 from taskmill_mysql import statements as sql
 from taskmill_mysql.connection import Session
 from taskmill_mysql.events import Event, Inserted, append_events
+from taskmill_mysql.ledger import MySQLLedger, Ref
 from taskmill_mysql.packets import chunks
-from taskmill_mysql.readback import by_seq, now
-from taskmill_mysql.rows import ID, as_datetime, as_stored, task
+from taskmill_mysql.readback import now
+from taskmill_mysql.rows import as_datetime, as_stored, task
 
 __all__ = ["enqueue"]
 
 _ENQUEUED: Final = EventKind.ENQUEUED.value
-_CANCELLED_EVENT: Final = CANCELLATION.event.value
 
 
 async def _dependencies(s: Session, tasks: Sequence[NewTask]) -> dict[str, tuple[str, str | None]]:
@@ -131,15 +132,20 @@ async def enqueue(s: Session, args: tuple[Sequence[NewTask], bool]) -> list[Task
         events += [(seq_of[t.id], t.id, _ENQUEUED, "pending", at) for t in stored]
     if edges:
         await s.executemany(sql.INSERT_DEPENDENCY, edges)
-    for index, (dependency, status) in blocked.items():
-        seq = seq_of[fresh[index].id]
-        error = dependency_error(dependency, STATUS[status])
-        s.defer(sql.DEPENDENCY_CANCEL, {"now": at, "error": error, "seq": seq})
-        (row,) = await by_seq(s, [seq])
-        events.append((seq, row[ID], _CANCELLED_EVENT, "cancelled", at))
-        stored[index] = task(row)
-    await append_events(s, events, enqueued=ranges or (), at=at)
     known.update((t.id, t) for t in stored)
+    if blocked:
+        ledger = MySQLLedger(s, at, events)
+        settlement = Settlement(ledger)
+        changed: list[Ref] = []
+        for index, (dependency, status) in blocked.items():
+            error = dependency_error(dependency, STATUS[status])
+            ref = await ledger.cancel_waiting(seq_of[fresh[index].id], error)
+            changed.append(ref)
+            changed += await settlement.transitioned(ref, DEPENDENCY_CANCELLATION.event)
+        changed += await settlement.dependents()
+        for ref in changed:
+            known[ref.id] = task(await ref.stored(s))
+    await append_events(s, events, enqueued=ranges or (), at=at)
     return [known[new.id] for new in tasks]
 
 

@@ -20,36 +20,33 @@ from taskmill.lifecycle import (
     finish_kind,
     finish_rounds,
     plan,
-    settles_aliases,
 )
 from taskmill.model import NO_PROGRESS, AttemptOutcome, Progress, Task
 from taskmill.serialization import dumps, loads
+from taskmill.settlement import Settlement
 from taskmill.storage import Finish, FinishKind, Lease
 
 from taskmill_mysql import statements as sql
 from taskmill_mysql.connection import Session
 from taskmill_mysql.events import QUOTED, Event, append_events
+from taskmill_mysql.ledger import MySQLLedger, Ref
 from taskmill_mysql.packets import chunks, text_bytes
-from taskmill_mysql.readback import by_seq, snapshot_rows
+from taskmill_mysql.readback import snapshot_rows
 from taskmill_mysql.rows import (
-    ID,
     NARROW_FENCE,
     SNAPSHOT_FENCE,
-    STATUS_COL,
     Row,
     as_datetime,
     as_stored,
     fence_from_json,
     task,
 )
-from taskmill_mysql.settlement import settle_aliases, settle_dependents
 
 __all__ = ["finish", "finish_applied"]
 
 _COMPLETED: Final = AttemptOutcome.COMPLETED.value
 _APPLIED: Final = {
-    kind: (t.event.value, None if t.outcome is None else t.outcome.value)
-    for kind, t in FINISHES.items()
+    kind: (t.event, None if t.outcome is None else t.outcome.value) for kind, t in FINISHES.items()
 }
 """Per finish kind: its event, and the outcome it logs (None: the worker's)."""
 Literal = Callable[[Any], str]
@@ -161,7 +158,7 @@ async def _finish(
     log: list[str] = []
     literal = s.literal
     events: list[Event] = []
-    ended: list[tuple[str, str]] = []
+    settlement: Settlement[Ref] | None = None
     lock = sql.LOCK_FINISHING if snapshots else sql.LOCK_FINISHING_FENCE
     fence = SNAPSHOT_FENCE if snapshots else NARROW_FENCE
     i_seq, i_id, i_worker, i_attempts = fence.seq, fence.id, fence.worker_id, fence.attempts
@@ -179,6 +176,8 @@ async def _finish(
                     at = row[-1]  # the store clock, read with the locks
         if at is None:
             continue  # nothing held: nothing to write
+        if settlement is None:
+            settlement = Settlement(MySQLLedger(s, at, events))
         applied: dict[int, tuple[Row, FinishKind]] = {}
         by_kind: dict[FinishKind, list[list[Any]]] = {}
         for index in indexes:
@@ -202,19 +201,14 @@ async def _finish(
             status = FINISHES[kind].status
             kind_event, outcome = _APPLIED[kind]
             outcome = outcome or one.outcome.value
-            events.append((seq, task_id, kind_event, status.value, at))
-            if status.terminal:
-                ended.append((task_id, status.value))
-            if settles_aliases(status, row[fence.dedupe_key], row[fence.alias_of]):
-                (stored,) = await by_seq(s, [seq])  # the leader as stored, for its aliases
-                for alias in await settle_aliases(s, stored, at, events):
-                    ended.append((alias[ID], alias[STATUS_COL]))
+            ref = Ref(seq, task_id, status, row[fence.dedupe_key], row[fence.alias_of])
+            await settlement.transitioned(ref, kind_event)
             log.append(_attempt_literals(literal, seq, one.lease, one, outcome))
             results[index] = after
-    if at is None:
+    if settlement is None:
         return results
-    if ended:
-        await settle_dependents(s, ended, at, events)
+    if settlement.pending:
+        await settlement.dependents()
     if log:
         s.defer_values(sql.INSERT_ATTEMPTS, log)
     await append_events(s, events)

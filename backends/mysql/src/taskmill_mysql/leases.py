@@ -12,24 +12,24 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Final
 
-from taskmill.lifecycle import RESCUE_ERROR, RESCUES, TERMINAL_EVENTS, Transition, rescue_case
+from taskmill.lifecycle import RESCUE_ERROR, RESCUES, Transition, rescue_case
 from taskmill.model import CancelReason, EventKind, Task
 from taskmill.serialization import dumps
-from taskmill.sql.rows import REASON, leads_aliases
+from taskmill.settlement import Settlement
+from taskmill.sql.rows import REASON
 from taskmill.storage import Lease, ProgressUpdate
 
 from taskmill_mysql import statements as sql
 from taskmill_mysql.connection import Session
 from taskmill_mysql.events import Event, append_events
+from taskmill_mysql.ledger import MySQLLedger, Ref
 from taskmill_mysql.packets import chunks
 from taskmill_mysql.readback import by_seq, now
-from taskmill_mysql.rows import ID, SEQ, STATUS_COL, Row, task
-from taskmill_mysql.settlement import settle_aliases, settle_dependents
+from taskmill_mysql.rows import SEQ, Row, task
 
 __all__ = ["renew", "rescue", "save_progress", "watch"]
 
 _PROGRESS: Final = EventKind.PROGRESS.value
-_TERMINAL: Final = frozenset(status.value for status in TERMINAL_EVENTS)
 
 
 async def _lock_running(s: Session, ids: Sequence[str]) -> dict[str, Row]:
@@ -107,17 +107,12 @@ async def rescue(s: Session, limit: int) -> list[Task]:
     rows = {r[SEQ]: r for r in await by_seq(s, list(transitions))}
     rescued: list[Task] = []
     log: list[Row] = []
-    events: list[Event] = []
-    ended: list[tuple[str, str]] = []
+    ledger = MySQLLedger(s, at)
+    settlement = Settlement(ledger)
     for seq, task_id, worker_id, attempts, _, started_at, _ in expired:
         row = rows[seq]
         transition = transitions[seq]
-        events.append((seq, task_id, transition.event.value, row[STATUS_COL], at))
-        if row[STATUS_COL] in _TERMINAL:
-            ended.append((task_id, row[STATUS_COL]))
-        if leads_aliases(row):
-            for alias in await settle_aliases(s, row, at, events):
-                ended.append((alias[ID], alias[STATUS_COL]))
+        await settlement.transitioned(Ref.of(row), transition.event)
         log.append(
             (
                 seq, task_id, attempts, worker_id or "", at if started_at is None else started_at,
@@ -125,10 +120,10 @@ async def rescue(s: Session, limit: int) -> list[Task]:
             )
         )  # fmt: skip
         rescued.append(task(row))
-    if ended:
-        await settle_dependents(s, ended, at, events)
+    if settlement.pending:
+        await settlement.dependents()
     await s.executemany(sql.INSERT_ATTEMPT, log)
-    await append_events(s, events)
+    await append_events(s, ledger.events)
     return rescued
 
 
