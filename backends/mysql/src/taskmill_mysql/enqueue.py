@@ -140,6 +140,8 @@ async def enqueue(s: Session, args: tuple[Sequence[NewTask], bool]) -> list[Task
         for index, (dependency, status) in blocked.items():
             error = dependency_error(dependency, STATUS[status])
             ref = await ledger.cancel_waiting(seq_of[fresh[index].id], error)
+            if ref is None:
+                continue  # an alias its blocked leader settled just before
             changed.append(ref)
             changed += await settlement.transitioned(ref, DEPENDENCY_CANCELLATION.event)
         changed += await settlement.dependents()

@@ -134,13 +134,18 @@ class MySQLLedger:
         return Ref(seq, dependent, STATUS[status], None, None), left
 
     async def cancel_dependent(self, dependent: Ref, error: str) -> Ref:
-        return await self.cancel_waiting(dependent.seq, error)
-
-    async def cancel_waiting(self, seq: int, error: str) -> Ref:
-        """End the PENDING task ``seq`` cancelled by a dependency; its new ref."""
-        self._s.defer(sql.DEPENDENCY_CANCEL, {"now": self._at, "error": error, "seq": seq})
-        (row,) = await by_seq(self._s, [seq])
+        args = {"now": self._at, "error": error, "seq": dependent.seq}
+        self._s.defer(sql.DEPENDENCY_CANCEL, args)
+        (row,) = await by_seq(self._s, [dependent.seq])
         return Ref.of(row)
+
+    async def cancel_waiting(self, seq: int, error: str) -> Ref | None:
+        """End the task ``seq``, just enqueued, cancelled by a dependency; its new ref, or
+        None when it is no longer PENDING (a blocked alias its leader settled first)."""
+        (row,) = await by_seq(self._s, [seq])
+        if STATUS[row[STATUS_COL]] is not TaskStatus.PENDING:
+            return None
+        return await self.cancel_dependent(Ref.of(row), error)
 
     async def request_stop(self, ids: Sequence[str], reason: CancelReason) -> dict[str, Ref]:
         s = self._s

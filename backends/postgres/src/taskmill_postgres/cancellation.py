@@ -119,7 +119,7 @@ class Cancellation:
             )
         ]
         events = Events()
-        aliases = await self._settle_aliases(conn, leaders)
+        aliases = await settle_aliases(conn, self.sql, leaders)
         changed: list[Record] = []
         done: set[str] = set()
         for task_id in targets:
@@ -157,22 +157,23 @@ class Cancellation:
         await self.log.append(conn, events, [StoreChange.CONTROL] if running else [])
         return [rows.task(r) for r in changed]
 
-    async def _settle_aliases(
-        self, conn: Conn, leaders: Sequence[Record]
-    ) -> dict[int, list[Record]]:
-        """Give the pending aliases of ``leaders`` (terminal leaders with a dedupe key)
-        their leader's outcome (the ``settle_aliases`` function), after the leaders'
-        update in the same transaction.
 
-        :returns: the aliases' new rows by leader seq, in creation order.
-        """
-        by_leader: dict[int, list[Record]] = {}
-        if not leaders:
-            return by_leader
-        settled = await conn.fetch(self.sql.settle_aliases, [r[rows.SEQ] for r in leaders])
-        if settled:
-            found = await conn.fetch(self.sql.by_seq, [r[0] for r in settled])
-            leader_of = {r[0]: r[1] for r in settled}
-            for row in sorted(found, key=lambda r: r[rows.SEQ]):
-                by_leader.setdefault(leader_of[row[rows.SEQ]], []).append(row)
+async def settle_aliases(
+    conn: Conn, sql: Statements, leaders: Sequence[Record]
+) -> dict[int, list[Record]]:
+    """Give the pending aliases of ``leaders`` (terminal leaders with a dedupe key)
+    their leader's outcome (the ``settle_aliases`` function), after the leaders'
+    update in the same transaction.
+
+    :returns: the aliases' new rows by leader seq, in creation order.
+    """
+    by_leader: dict[int, list[Record]] = {}
+    if not leaders:
         return by_leader
+    settled = await conn.fetch(sql.settle_aliases, [r[rows.SEQ] for r in leaders])
+    if settled:
+        found = await conn.fetch(sql.by_seq, [r[0] for r in settled])
+        leader_of = {r[0]: r[1] for r in settled}
+        for row in sorted(found, key=lambda r: r[rows.SEQ]):
+            by_leader.setdefault(leader_of[row[rows.SEQ]], []).append(row)
+    return by_leader

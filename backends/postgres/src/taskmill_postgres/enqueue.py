@@ -32,6 +32,7 @@ from taskmill.storage import NewTask
 
 from taskmill_postgres import rows
 from taskmill_postgres.arguments import enqueue_arguments
+from taskmill_postgres.cancellation import settle_aliases
 from taskmill_postgres.connection import Record
 from taskmill_postgres.events import EventLog, Events
 from taskmill_postgres.schema import Conn
@@ -144,11 +145,20 @@ class Enqueue:
         cancelled: dict[str, Record] = {}
         if blocked:
             events = Events()
+            # The batch is stored; then what a dependency blocks is cancelled in order, a
+            # blocked leader settling its aliases (a blocked alias it settled is skipped).
             for index, error in blocked.items():
                 found = await conn.fetchrow(self.sql.cancel_for_dependency, fresh[index].id, error)
-                assert found is not None  # inserted just now
+                if found is None:
+                    continue  # an alias its blocked leader settled just before
                 cancelled[fresh[index].id] = found
                 events.add(found[rows.SEQ], _CANCELLED, "cancelled")
+                if found[rows.DEDUPE_KEY] is None or found[rows.ALIAS_OF] is not None:
+                    continue  # leads no aliases
+                aliases = await settle_aliases(conn, self.sql, [found])
+                for alias in aliases.get(found[rows.SEQ], ()):
+                    cancelled[alias[rows.ID]] = alias
+                    events.add(alias[rows.SEQ], _CANCELLED, "cancelled")
             await self.log.append(conn, events)
         return row, cancelled
 

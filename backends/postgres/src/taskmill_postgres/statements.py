@@ -549,10 +549,12 @@ class Statements:
         )
         self.cancel_for_dependency = (
             f"UPDATE {s}.tasks SET {_DEPENDENCY_CANCEL_SET}, updated_at = now(),"
-            f" worker_id = NULL, lease_expires_at = NULL WHERE id = $1 RETURNING {TASK_COLUMNS}"
+            f" worker_id = NULL, lease_expires_at = NULL WHERE id = $1 AND status = 'pending'"
+            f" RETURNING {TASK_COLUMNS}"
         )
         """A new task cancelled at once: a dependency had already ended without completing
-        (parameters: its id, the error)."""
+        (parameters: its id, the error); no row when it is no longer PENDING (an alias its
+        blocked leader settled)."""
         self.settle_dependents = f"SELECT {s}.settle_dependents($1::bigint[], $2, $3)"
 
         # -- the event log --------------------------------------------------------------------

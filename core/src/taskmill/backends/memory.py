@@ -202,6 +202,7 @@ class MemoryStorage(TaskStorage):
                     )
         ledger = _MemoryLedger(self, now_ts)
         settlement = Settlement(ledger)
+        blocked: list[tuple[str, Task]] = []  # (task, the dependency that cancels it)
         for new in fresh:
             alias_of = None
             if new.dedupe_key is not None:
@@ -223,6 +224,12 @@ class MemoryStorage(TaskStorage):
                 self._children.setdefault(task.parent_id, []).append(task.id)
             self._emit(EventKind.ENQUEUED, task, now_ts)
             if blocker is not None:
+                blocked.append((task.id, blocker))
+        # The batch is stored; then what a dependency blocks is cancelled, in order (a
+        # blocked leader settles its aliases of the batch, which are then skipped).
+        for task_id, blocker in blocked:
+            task = self._tasks[task_id]
+            if task.status is _PENDING:
                 error = dependency_error(blocker.id, blocker.status)
                 task = await ledger.cancel_dependent(task, error)
                 await settlement.transitioned(task, DEPENDENCY_CANCELLATION.event)

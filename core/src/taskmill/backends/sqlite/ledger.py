@@ -114,11 +114,16 @@ class SQLiteLedger:
         return None if found is None else (found[:-1], found[-1])
 
     async def cancel_dependent(self, dependent: Row, error: str) -> Row:
-        return self.cancel_waiting(dependent[ID], error)
+        row = self.cancel_waiting(dependent[ID], error)
+        assert row is not None  # the engine cancels PENDING dependents only
+        return row
 
-    def cancel_waiting(self, task_id: str, error: str) -> Row:
-        """End the PENDING task ``task_id`` cancelled by a dependency; its new row."""
-        row: Row = self._conn.execute(sql.DEPENDENCY_CANCEL, (self._now, error, task_id)).fetchone()
+    def cancel_waiting(self, task_id: str, error: str) -> Row | None:
+        """End the task ``task_id`` cancelled by a dependency; its new row, or None when
+        it is no longer PENDING."""
+        row: Row | None = self._conn.execute(
+            sql.DEPENDENCY_CANCEL, (self._now, error, task_id)
+        ).fetchone()
         return row
 
     async def request_stop(self, ids: Sequence[str], reason: CancelReason) -> dict[str, Row]:

@@ -220,6 +220,8 @@ async def _cancel_blocked(ledger: SQLiteLedger, blocked: dict[str, tuple[str, st
     for task_id, (dependency, status) in blocked.items():
         error = dependency_error(dependency, STATUS[status])
         row = ledger.cancel_waiting(task_id, error)
+        if row is None:
+            continue  # an alias its blocked leader settled just before
         changed.append(row)
         changed += await settlement.transitioned(row, DEPENDENCY_CANCELLATION.event)
     return changed + await settlement.dependents()

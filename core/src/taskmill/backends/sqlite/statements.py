@@ -405,9 +405,11 @@ _DEPENDENCY_SOURCES: Final = Sources(
 )
 DEPENDENCY_CANCEL: Final = (
     f"UPDATE tasks SET {set_clause(DEPENDENCY_CANCELLATION, _DEPENDENCY_SOURCES)}, "
-    f"updated_at = ?1, {LEASE_CLEARED} WHERE id = ?3 RETURNING {TASK_COLUMNS}"
+    f"updated_at = ?1, {LEASE_CLEARED} WHERE id = ?3 AND status = 'pending' "
+    f"RETURNING {TASK_COLUMNS}"
 )
-"""A waiting task cancelled by its dependency (parameters: now, the error, its id)."""
+"""A waiting task cancelled by its dependency (parameters: now, the error, its id); no
+row when it is no longer PENDING (a blocked alias its leader settled first)."""
 
 
 def dependencies_sql(n: int) -> str:
