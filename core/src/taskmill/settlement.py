@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Final, Generic, Protocol, TypeVar
+from typing import Final, Generic, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
@@ -54,6 +54,8 @@ __all__ = [
     "CancelLedger",
     "Edge",
     "Ledger",
+    "ServerSideCancelLedger",
+    "ServerSideLedger",
     "Settlement",
     "cancel",
 ]
@@ -87,12 +89,8 @@ class Active:
     started_at: datetime | None
 
 
-class Ledger(Protocol[R]):
-    """A store's side of the settlement, inside the transaction of one operation.
-
-    Every method reads or writes the store's current state in that transaction; none
-    commits. The engine calls them in the order the lifecycle's rules need.
-    """
+class _Settles(Protocol[R]):
+    """What every store's side of the settlement provides."""
 
     def identify(self, row: R) -> tuple[str, TaskStatus]:
         """The task id and status of ``row``."""
@@ -113,6 +111,14 @@ class Ledger(Protocol[R]):
         :data:`~taskmill.lifecycle.ALIAS_FIELDS`; their new rows in creation order."""
         ...
 
+
+class Ledger(_Settles[R], Protocol[R]):
+    """A store's side of the settlement, inside the transaction of one operation.
+
+    Every method reads or writes the store's current state in that transaction; none
+    commits. The engine calls them in the order the lifecycle's rules need.
+    """
+
     async def resolve_edges(self, ended: Sequence[str]) -> list[Edge]:
         """Delete and return the unresolved edges from the tasks ``ended``."""
         ...
@@ -128,8 +134,21 @@ class Ledger(Protocol[R]):
         ...
 
 
-class CancelLedger(Ledger[R], Protocol[R]):
-    """A :class:`Ledger` that also writes what a cancel changes."""
+@runtime_checkable
+class ServerSideLedger(_Settles[R], Protocol[R]):
+    """A :class:`Ledger` whose store settles dependents in the database server, in one
+    call (PostgreSQL's PL/pgSQL ``settle_dependents``), with the same outcome as
+    :meth:`Settlement.dependents`: the shipped differential test holds it to that."""
+
+    async def settle_dependents(self, ended: Sequence[R]) -> list[R]:
+        """Settle the dependents of the tasks ``ended`` breadth first, as
+        :meth:`Settlement.dependents` does (events included); the rows it cancelled,
+        each followed by its aliases."""
+        ...
+
+
+class _Cancels(Protocol[R]):
+    """What a store writes for a cancel."""
 
     async def request_stop(self, ids: Sequence[str], reason: CancelReason) -> dict[str, R]:
         """Set ``reason`` on the RUNNING tasks among ``ids`` that have no cancel reason
@@ -151,6 +170,14 @@ class CancelLedger(Ledger[R], Protocol[R]):
         ...
 
 
+class CancelLedger(Ledger[R], _Cancels[R], Protocol[R]):
+    """A :class:`Ledger` that also writes what a cancel changes."""
+
+
+class ServerSideCancelLedger(ServerSideLedger[R], _Cancels[R], Protocol[R]):
+    """A :class:`ServerSideLedger` that also writes what a cancel changes."""
+
+
 class Settlement(Generic[R]):
     """The consequences of the transitions of one operation, in one transaction.
 
@@ -158,11 +185,12 @@ class Settlement(Generic[R]):
     calls :meth:`dependents` once.
     """
 
-    __slots__ = ("_ended", "_ledger")
+    __slots__ = ("_ended", "_ended_rows", "_ledger")
 
-    def __init__(self, ledger: Ledger[R]) -> None:
+    def __init__(self, ledger: Ledger[R] | ServerSideLedger[R]) -> None:
         self._ledger = ledger
         self._ended: list[tuple[str, TaskStatus]] = []
+        self._ended_rows: list[R] = []
 
     async def transitioned(self, row: R, kind: EventKind) -> list[R]:
         """``row``'s task just made a transition whose event is ``kind``: append it and,
@@ -176,6 +204,7 @@ class Settlement(Generic[R]):
         if not ended[1].terminal:
             return []
         self._ended.append(ended)
+        self._ended_rows.append(row)
         return await self._aliases(row, ended[1])
 
     async def _aliases(self, leader: R, status: TaskStatus) -> list[R]:
@@ -187,6 +216,7 @@ class Settlement(Generic[R]):
         for alias in aliases:
             ledger.emit(kind, alias)
             self._ended.append(ledger.identify(alias))
+            self._ended_rows.append(alias)
         return aliases
 
     @property
@@ -203,6 +233,10 @@ class Settlement(Generic[R]):
         :returns: the tasks this ended: each dependent cancelled, followed by its aliases.
         """
         ledger = self._ledger
+        if isinstance(ledger, ServerSideLedger):
+            ended, self._ended, self._ended_rows = self._ended_rows, [], []
+            return await ledger.settle_dependents(ended) if ended else []
+        self._ended_rows = []
         changed: list[R] = []
         while self._ended:
             status_of = dict(self._ended)
@@ -224,11 +258,15 @@ class Settlement(Generic[R]):
                     self._ended.append(ledger.identify(row))
                     changed.append(row)
                     changed += await self._aliases(row, TaskStatus.CANCELLED)
+        self._ended_rows = []
         return changed
 
 
 async def cancel(
-    ledger: CancelLedger[R], targets: Sequence[str], reason: CancelReason, at: datetime
+    ledger: CancelLedger[R] | ServerSideCancelLedger[R],
+    targets: Sequence[str],
+    reason: CancelReason,
+    at: datetime,
 ) -> list[R]:
     """Cancel ``targets`` (in the order :func:`taskmill.lifecycle.cancel_targets` gave)
     with ``reason`` at ``at`` (see :meth:`taskmill.storage.TaskStorage.cancel`).

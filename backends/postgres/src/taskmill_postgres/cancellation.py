@@ -4,18 +4,20 @@ asking running ones to stop (a non-terminal reason), or ending them CANCELLED wi
 their aliases and dependents settled (a terminal one).
 
 The decisions are the lifecycle kernel's (:func:`~taskmill.lifecycle.cancel_targets`,
-:func:`~taskmill.lifecycle.settles_aliases`, :func:`~taskmill.lifecycle.cancel_error`);
-dependents are settled by the schema's ``settle_dependents`` function.
+:func:`~taskmill.lifecycle.settles_aliases`), the sequence the settlement engine's
+(:func:`taskmill.settlement.cancel`) over :class:`PostgresLedger`; dependents are
+settled by the schema's ``settle_dependents`` function.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
 
-from taskmill.lifecycle import CANCELLATION, cancel_error, cancel_targets, settles_aliases
-from taskmill.model import CancelReason, EventKind, Task, TaskFilter
-from taskmill.storage import StoreChange
+from taskmill.lifecycle import cancel_targets, settles_aliases
+from taskmill.model import Attempt, CancelReason, EventKind, Task, TaskFilter, TaskStatus
+from taskmill.settlement import Active
+from taskmill.settlement import cancel as settlement_cancel
+from taskmill.storage import StoreChange, utcnow
 
 from taskmill_postgres import rows
 from taskmill_postgres.connection import Record
@@ -23,10 +25,7 @@ from taskmill_postgres.events import EventLog, Events
 from taskmill_postgres.schema import Conn
 from taskmill_postgres.statements import Statements, filter_sql
 
-__all__ = ["Cancellation"]
-
-_CANCELLED: Final = CANCELLATION.event.value
-_CANCEL_REQUESTED: Final = EventKind.CANCEL_REQUESTED.value
+__all__ = ["Cancellation", "PostgresLedger", "settle_aliases"]
 
 
 class Cancellation:
@@ -56,9 +55,11 @@ class Cancellation:
         targets = await self._targets(conn, task_ids, filter, cascade)
         if not targets:
             return []
-        if not reason.terminal:
-            return await self._request_stop(conn, targets, reason)
-        return await self._cancel(conn, targets, reason)
+        ledger = PostgresLedger(conn, self.sql, self.log)
+        changed = await settlement_cancel(ledger, targets, reason, utcnow())
+        changes = [StoreChange.CONTROL] if ledger.stopped_running else []
+        await self.log.append(conn, ledger.events, changes)
+        return [rows.task(r) for r in changed]
 
     async def _targets(
         self,
@@ -85,77 +86,81 @@ class Cancellation:
 
         return await cancel_targets(order, children_of if cascade else None)
 
-    async def _request_stop(
-        self, conn: Conn, targets: list[str], reason: CancelReason
-    ) -> list[Task]:
-        """SUSPENDED, SHUTDOWN: a running task without a request yet is asked to stop."""
-        found = {
-            r[rows.ID]: r for r in await conn.fetch(self.sql.request_stop, reason.value, targets)
-        }
-        changed = [found[i] for i in targets if i in found]
-        events = Events()
-        for row in changed:
-            events.add(row[rows.SEQ], _CANCEL_REQUESTED, "running")
-        await self.log.append(conn, events, [StoreChange.CONTROL])
-        return [rows.task(r) for r in changed]
 
-    async def _cancel(self, conn: Conn, targets: list[str], reason: CancelReason) -> list[Task]:
-        """A terminal reason: every selected active task ends CANCELLED, as if one by
-        one in ``targets`` order."""
-        position = {task_id: n for n, task_id in enumerate(targets)}
-        active = await conn.fetch(self.sql.lock_active, targets)
-        # An alias whose (active) leader comes before it is cancelled *by* that leader,
-        # taking its outcome as aliases always do; otherwise it is cancelled alone.
-        first = {r["id"]: position[r["id"]] for r in active}
-        direct = [
-            r["id"] for r in active if first.get(r["alias_of"], len(targets)) > position[r["id"]]
-        ]
-        cancelled = {r[rows.ID]: r for r in await conn.fetch(self.sql.cancel, reason.value, direct)}
-        leaders = [
-            r
-            for r in cancelled.values()
-            if settles_aliases(
-                rows.STATUS[r[rows.STATUS_COL]], r[rows.DEDUPE_KEY], r[rows.ALIAS_OF]
-            )
-        ]
-        events = Events()
-        aliases = await settle_aliases(conn, self.sql, leaders)
-        changed: list[Record] = []
-        done: set[str] = set()
-        for task_id in targets:
-            row = cancelled.get(task_id)
-            if row is None or task_id in done:
-                continue
-            done.add(task_id)
-            changed.append(row)
-            events.add(row[rows.SEQ], _CANCELLED, "cancelled")
-            for alias in aliases.get(row[rows.SEQ], ()):
-                done.add(alias[rows.ID])
-                changed.append(alias)
-                events.add(alias[rows.SEQ], _CANCELLED, "cancelled")
-        if changed:
-            seqs = await conn.fetchval(
-                self.sql.settle_dependents,
-                [r[rows.SEQ] for r in changed],
-                self.log.lock,
-                self.log.channel,
-            )
-            if seqs:
-                changed += sorted(
-                    await conn.fetch(self.sql.by_seq, list(seqs)), key=lambda r: r[rows.SEQ]
+class PostgresLedger:
+    """:class:`taskmill.settlement.ServerSideCancelLedger` over one connection in a
+    transaction: a cancel's writes, with dependents settled by the schema's
+    ``settle_dependents`` function (held to the engine by the shipped differential test).
+    The events accumulate in :attr:`events` for :meth:`EventLog.append`."""
+
+    __slots__ = ("_conn", "_log", "_seqs", "_sql", "events", "stopped_running")
+
+    def __init__(self, conn: Conn, sql: Statements, log: EventLog) -> None:
+        self._conn = conn
+        self._sql = sql
+        self._log = log
+        self._seqs: dict[str, int] = {}
+        self.events = Events()
+        self.stopped_running = False
+        """Whether a RUNNING task was asked to stop or ended (its worker must learn)."""
+
+    def identify(self, row: Record) -> tuple[str, TaskStatus]:
+        return row[rows.ID], rows.STATUS[row[rows.STATUS_COL]]
+
+    def leads_aliases(self, row: Record) -> bool:
+        return settles_aliases(
+            rows.STATUS[row[rows.STATUS_COL]], row[rows.DEDUPE_KEY], row[rows.ALIAS_OF]
+        )
+
+    def emit(self, kind: EventKind, row: Record) -> None:
+        self.events.add(row[rows.SEQ], kind.value, row[rows.STATUS_COL])
+
+    async def settle_aliases(self, leader: Record) -> list[Record]:
+        settled = await settle_aliases(self._conn, self._sql, [leader])
+        return settled.get(leader[rows.SEQ], [])
+
+    async def settle_dependents(self, ended: Sequence[Record]) -> list[Record]:
+        seqs = await self._conn.fetchval(
+            self._sql.settle_dependents, [r[rows.SEQ] for r in ended], self._log.lock,
+            self._log.channel,
+        )  # fmt: skip
+        if not seqs:
+            return []
+        found = await self._conn.fetch(self._sql.by_seq, list(seqs))
+        return sorted(found, key=lambda r: r[rows.SEQ])
+
+    async def request_stop(self, ids: Sequence[str], reason: CancelReason) -> dict[str, Record]:
+        found = await self._conn.fetch(self._sql.request_stop, reason.value, list(ids))
+        self.stopped_running = True
+        return {r[rows.ID]: r for r in found}
+
+    async def lock_active(self, ids: Sequence[str]) -> list[Active]:
+        active: list[Active] = []
+        for r in await self._conn.fetch(self._sql.lock_active, list(ids)):
+            self._seqs[r["id"]] = r["seq"]
+            status = rows.STATUS[r["status"]]
+            self.stopped_running |= status is TaskStatus.RUNNING
+            active.append(
+                Active(
+                    r["id"], status, r["alias_of"], r["worker_id"], r["attempts"], r["started_at"]
                 )
-        running = [r for r in active if r["status"] == "running"]
-        if running:
-            await conn.execute(
-                self.sql.log_cancelled,
-                [r["seq"] for r in running],
-                [r["attempts"] for r in running],
-                [r["worker_id"] or "" for r in running],
-                [r["started_at"] for r in running],
-                cancel_error(reason),
             )
-        await self.log.append(conn, events, [StoreChange.CONTROL] if running else [])
-        return [rows.task(r) for r in changed]
+        return active
+
+    async def cancel_rows(self, ids: Sequence[str], reason: CancelReason) -> dict[str, Record]:
+        found = await self._conn.fetch(self._sql.cancel, reason.value, list(ids))
+        return {r[rows.ID]: r for r in found}
+
+    async def log_attempts(self, attempts: Sequence[Attempt]) -> None:
+        if attempts:
+            await self._conn.execute(
+                self._sql.log_cancelled,
+                [self._seqs[a.task_id] for a in attempts],
+                [a.number for a in attempts],
+                [a.worker_id for a in attempts],
+                [a.started_at for a in attempts],
+                attempts[0].error,
+            )
 
 
 async def settle_aliases(
