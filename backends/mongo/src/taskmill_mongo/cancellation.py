@@ -4,40 +4,28 @@ dependents settled (a terminal one); and a suspension, which asks the running ta
 covers to stop in the transaction that writes it.
 
 The decisions are the lifecycle kernel's (:func:`~taskmill.lifecycle.cancel_targets`,
-:func:`~taskmill.lifecycle.cancel_error`); the consequences are
-:func:`~taskmill_mongo.settlement.settle`'s.
+:func:`~taskmill.lifecycle.cancel_error`), the sequence the settlement engine's
+(:func:`taskmill.settlement.cancel`) over :class:`~taskmill_mongo.settlement.MongoLedger`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
 
 from pymongo import ASCENDING
 from pymongo.asynchronous.client_session import AsyncClientSession
-from taskmill.lifecycle import CANCELLATION, cancel_error, cancel_targets, plan
-from taskmill.model import (
-    Attempt,
-    CancelReason,
-    EventKind,
-    SuspensionScope,
-    Task,
-    TaskFilter,
-    TaskStatus,
-)
+from taskmill.lifecycle import cancel_targets
+from taskmill.model import CancelReason, SuspensionScope, Task, TaskFilter
+from taskmill.settlement import cancel as settlement_cancel
 
 from taskmill_mongo.connection import Connection
 from taskmill_mongo.documents import from_micros, task
 from taskmill_mongo.queries import ACTIVE, RUNNING, filter_query, one_of, scope_id
 from taskmill_mongo.schema import Doc
-from taskmill_mongo.settlement import settle
-from taskmill_mongo.transactions import Nothing, Writes, record, replace
+from taskmill_mongo.settlement import MongoLedger
+from taskmill_mongo.transactions import Nothing, Writes, record
 
 __all__ = ["cancel_in", "suspend_in"]
-
-assert CANCELLATION.outcome is not None
-_CANCELLED_OUTCOME: Final = CANCELLATION.outcome
-_CANCEL_PLAN: Final = plan(CANCELLATION)
 
 
 async def cancel_in(
@@ -74,46 +62,11 @@ async def cancel_in(
 
     targets = await cancel_targets(selected, children_of if cascade else None)
     writes = Writes()
-    changed: list[Task] = []
-    settled: set[str] = set()
-    for task_id in targets:
-        if task_id in settled:
-            continue
-        doc = await db.tasks.find_one({"_id": task_id}, session=s)
-        if doc is None or doc["status"] not in ACTIVE:
-            continue
-        old = task(doc)
-        if not reason.terminal:
-            if old.status is TaskStatus.RUNNING and old.cancel_reason is None:
-                new = old.evolve(cancel_reason=reason, updated_at=at)
-                await replace(db, s, doc, new)
-                writes.emit(EventKind.CANCEL_REQUESTED, new)
-                changed.append(new)
-            continue
-        if old.status is TaskStatus.RUNNING:
-            writes.attempts.append(
-                Attempt(
-                    task_id=task_id,
-                    number=old.attempts,
-                    worker_id=old.worker_id or "",
-                    started_at=old.started_at or at,
-                    finished_at=at,
-                    outcome=_CANCELLED_OUTCOME,
-                    error=cancel_error(reason),
-                )
-            )
-        aliases = len(writes.settled_aliases)
-        dependents = len(writes.dependents_cancelled)
-        new = await settle(db, s, doc, _CANCEL_PLAN, now, writes, cancel_reason=reason)
-        changed.append(new)
-        for alias in writes.settled_aliases[aliases:]:
-            settled.add(alias.id)
-            changed.append(alias)
-        changed += writes.dependents_cancelled[dependents:]
+    changed = await settlement_cancel(MongoLedger(db, s, now, writes), targets, reason, at)
     if not changed:
-        raise Nothing(changed)
+        raise Nothing([])
     await record(db, s, writes, now)
-    return changed
+    return [task(doc) for doc in changed]
 
 
 async def suspend_in(conn: Connection, s: AsyncClientSession, scope: SuspensionScope) -> int:

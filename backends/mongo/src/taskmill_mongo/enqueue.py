@@ -19,9 +19,12 @@ from pymongo.asynchronous.database import AsyncDatabase
 from taskmill.lifecycle import (
     DEPENDENCY_CANCEL_REASON,
     DEPENDENCY_CANCELLATION,
+    TERMINAL_EVENTS,
     dependency_blocks,
     dependency_error,
     enqueued,
+    settle_alias,
+    settles_aliases,
     split_taken,
     unknown_dependency,
 )
@@ -75,6 +78,7 @@ async def enqueue(conn: Connection, tasks: Sequence[NewTask]) -> list[Task]:
         edges: list[Doc] = []
         new_edges: dict[str, int] = {}  # dependency id -> edges this call adds
         writes = Writes()
+        blocked_leaders: dict[str, Task] = {}  # leaders of this batch cancelled at once
         for i, new in enumerate(fresh):
             alias_of = None
             if new.dedupe_key is not None:
@@ -106,7 +110,12 @@ async def enqueue(conn: Connection, tasks: Sequence[NewTask]) -> list[Task]:
             t = enqueued(new, now=at, run_at=run_at, alias_of=alias_of)
             t = task(task_document(t, 0))  # the snapshot as it reads back
             writes.emit(EventKind.ENQUEUED, t)
-            if blocker is not None:
+            if alias_of in blocked_leaders:
+                # Its leader of this batch is cancelled at once: it follows it, as the
+                # batch stored then its blocked tasks cancelled in order would have it.
+                t = settle_alias(t, blocked_leaders[alias_of], at)
+                writes.emit(TERMINAL_EVENTS[t.status], t)
+            elif blocker is not None:
                 t = DEPENDENCY_CANCEL_PLAN.apply(
                     t,
                     at,
@@ -114,6 +123,8 @@ async def enqueue(conn: Connection, tasks: Sequence[NewTask]) -> list[Task]:
                     cancel_reason=DEPENDENCY_CANCEL_REASON,
                 )
                 writes.emit(DEPENDENCY_CANCELLATION.event, t)
+                if settles_aliases(t.status, t.dedupe_key, t.alias_of):
+                    blocked_leaders[t.id] = t
             stored.append(t)
             doc = task_document(t, first + i)
             if waiting:

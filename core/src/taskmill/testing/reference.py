@@ -172,7 +172,10 @@ class ReferenceContract:
                 lease_seconds=60,
             )
             claimed: list[list[Task]] = [await store.claim_batch(request) for store in stores]
-            assert [t.id for t in claimed[1]] == [t.id for t in claimed[0]], round_
+            assert [t.id for t in claimed[1]] == [t.id for t in claimed[0]], (
+                f"round {round_}: claimed {[t.id for t in claimed[1]]}, the reference "
+                f"{[t.id for t in claimed[0]]} (the tasks settled differently before)"
+            )
             kinds = [
                 rng.choice([FinishKind.COMPLETE, FinishKind.FAIL, FinishKind.RETRY, None])
                 for _ in claimed[0]
