@@ -13,6 +13,9 @@ claim transaction a backend
 4. claims as usual with those caps, and
 5. writes each bucket back with :func:`spend`.
 
+That sequence is written once, in :mod:`taskmill.limiting`, over each store's
+:class:`~taskmill.limiting.BucketLedger`; this module holds the decisions it applies.
+
 A bucket is a token bucket holding at most ``count`` tokens (one period's worth),
 refilled continuously at ``count / period`` per second of the store's clock, starting
 full. So in any window of ``T`` seconds at most ``count + count * T / period`` tasks of

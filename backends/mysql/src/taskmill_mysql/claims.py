@@ -14,13 +14,14 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Final
 
+from taskmill.limiting import limit_claim, spend_claimed
 from taskmill.model import EventKind, SuspensionScope, Task
 from taskmill.storage import ClaimRequest
 
 from taskmill_mysql import statements as sql
 from taskmill_mysql.connection import Session
 from taskmill_mysql.events import append_events
-from taskmill_mysql.limits import apply_limits, spend_tokens
+from taskmill_mysql.limits import MySQLBuckets
 from taskmill_mysql.readback import snapshot_rows
 from taskmill_mysql.rows import ID, PRIORITY, SEQ, Row, claimed_row, task
 
@@ -76,7 +77,8 @@ async def claim(s: Session, request: ClaimRequest) -> list[Task]:
     ]
     limited = None
     if request.limits:
-        limited = await apply_limits(s, request, at)
+        ledger = MySQLBuckets(s, at)
+        limited = await limit_claim(ledger, request)
         request = limited.request
     picked: list[Row] = []
     for text, args in _claim_branches(request, suspended):
@@ -99,7 +101,7 @@ async def claim(s: Session, request: ClaimRequest) -> list[Task]:
         s, [(r[SEQ], r[ID], _STARTED, "running", at) for r in sorted(rows, key=_seq_of)]
     )
     if limited is not None:
-        await spend_tokens(s, limited, snapshots)
+        await spend_claimed(ledger, limited, ((t.app_id, t.task_type) for t in snapshots))
     return snapshots
 
 

@@ -1,27 +1,19 @@
 """Global rate limits and global concurrency limits in MySQL / MariaDB: the statements on
 the ``rate_buckets`` table that migration 0002 creates, run inside the claim's
-transaction (see :mod:`taskmill.limits`)."""
+transaction by the limit engine (:mod:`taskmill.limiting`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Final
 
-import attrs
-from taskmill.limits import (
-    Bucket,
-    limited_caps,
-    locked_keys,
-    refill,
-    scope_of,
-    spend,
-    taken_by_key,
-)
-from taskmill.model import Task
-from taskmill.storage import ClaimRequest, HandlerKey
+from taskmill.limits import Bucket, scope_of
+from taskmill.storage import HandlerKey
 
 from taskmill_mysql.connection import Session
+
+__all__ = ["MySQLBuckets"]
 
 # A missing bucket is created empty as of the epoch, which refills it to full.
 _CREATE: Final = (
@@ -40,52 +32,45 @@ _SAVE: Final = (
 )
 
 
-@attrs.frozen
-class Limited:
-    """A claim request with its caps cut by its limits, and what to write back."""
+class MySQLBuckets:
+    """:class:`taskmill.limiting.BucketLedger` in claim session ``s``, whose prelude
+    read the store clock ``at``: the bucket rows are locked ``FOR UPDATE`` in
+    ``(scope, task_type)`` order (so two claims never deadlock on them), and a lease
+    holds while it ends after ``at``."""
 
-    request: ClaimRequest
-    tokens: dict[HandlerKey, float]
-    now: float
+    __slots__ = ("_at", "_s")
 
+    def __init__(self, s: Session, at: datetime) -> None:
+        self._s = s
+        self._at = at
 
-async def apply_limits(s: Session, request: ClaimRequest, at: datetime) -> Limited:
-    """Lock the buckets of the request's limited keys (in (scope, task_type) order, so
-    two claims never deadlock on them), count their RUNNING tasks whose lease holds at
-    ``at``, and cut the request's caps to what the limits allow now."""
-    keys = locked_keys(request.handlers, request.limits)
-    tokens: dict[HandlerKey, float] = {}
-    running: dict[HandlerKey, int] = {}
-    now = 0.0
-    if keys:
+    async def lock_buckets(
+        self, keys: Sequence[HandlerKey]
+    ) -> tuple[dict[HandlerKey, Bucket], float]:
+        s = self._s
         pairs = [(scope_of(k), k[1]) for k in keys]
-        marks = ", ".join(["(%s, %s)"] * len(pairs))
-        lock = _LOCK.format(marks)
+        lock = _LOCK.format(", ".join(["(%s, %s)"] * len(pairs)))
         flat = [v for p in pairs for v in p]
         found = {(r[0], r[1]): r for r in await s.fetchall(lock, flat)}
         if len(found) < len(keys):  # a key's first claim: create its bucket, lock again
             await s.executemany(_CREATE, pairs)
             found = {(r[0], r[1]): r for r in await s.fetchall(lock, flat)}
+        buckets: dict[HandlerKey, Bucket] = {}
+        now = 0.0
         for key, pair in zip(keys, pairs, strict=True):
             row = found[pair]
             now = float(row[4])
-            limit = request.limits[key]
-            if limit.rate is not None:
-                tokens[key] = refill(Bucket(float(row[2]), float(row[3])), limit.rate, now)
-            if limit.max_running is not None:
-                counted = await s.fetchone(_RUNNING, [key[1], key[0], key[0], at])
-                running[key] = 0 if counted is None else int(counted[0])
-    caps = limited_caps(request.handlers, request.limits, tokens=tokens, running=running)
-    return Limited(attrs.evolve(request, handlers=caps), tokens, now)
+            buckets[key] = Bucket(float(row[2]), float(row[3]))
+        return buckets, now
 
+    async def count_running(self, keys: Sequence[HandlerKey]) -> dict[HandlerKey, int]:
+        running: dict[HandlerKey, int] = {}
+        for key in keys:
+            counted = await self._s.fetchone(_RUNNING, [key[1], key[0], key[0], self._at])
+            running[key] = 0 if counted is None else int(counted[0])
+        return running
 
-async def spend_tokens(s: Session, limited: Limited, claimed: Sequence[Task]) -> None:
-    """Write back the buckets that this claim took tokens from."""
-    taken = taken_by_key(((t.app_id, t.task_type) for t in claimed), limited.request.handlers)
-    spent = [
-        (spend(left, taken[k]), limited.now, scope_of(k), k[1])
-        for k, left in limited.tokens.items()
-        if taken.get(k)
-    ]
-    if spent:
-        await s.executemany(_SAVE, spent)
+    async def save_buckets(self, tokens: Mapping[HandlerKey, float], now: float) -> None:
+        await self._s.executemany(
+            _SAVE, [(left, now, scope_of(k), k[1]) for k, left in tokens.items()]
+        )

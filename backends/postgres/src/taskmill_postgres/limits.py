@@ -1,26 +1,18 @@
 """Global rate limits and global concurrency limits in PostgreSQL: the statements on the
 ``rate_buckets`` table that migration 0003 creates, run inside the claim's transaction
-(see :mod:`taskmill.limits`)."""
+by the limit engine (:mod:`taskmill.limiting`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-import attrs
-from taskmill.limits import (
-    Bucket,
-    limited_caps,
-    locked_keys,
-    refill,
-    scope_of,
-    spend,
-    taken_by_key,
-)
-from taskmill.model import Task
-from taskmill.storage import ClaimRequest, HandlerKey
+from taskmill.limits import Bucket, scope_of
+from taskmill.storage import HandlerKey
 
 from taskmill_postgres.options import quote_ident
 from taskmill_postgres.schema import Conn
+
+__all__ = ["LimitStatements", "PostgresBuckets"]
 
 
 class LimitStatements:
@@ -54,23 +46,23 @@ class LimitStatements:
         )
 
 
-@attrs.frozen
-class Limited:
-    """A claim request with its caps cut by its limits, and what to write back."""
+class PostgresBuckets:
+    """:class:`taskmill.limiting.BucketLedger` on ``conn`` inside a claim's transaction:
+    the bucket rows are locked ``FOR UPDATE`` in ``(scope, task_type)`` order (one
+    statement, the missing ones created with one more), the store's clock is
+    ``clock_timestamp()`` at the lock, and a lease holds while it ends after the
+    transaction's ``now()``."""
 
-    request: ClaimRequest
-    tokens: dict[HandlerKey, float]
-    now: float
+    __slots__ = ("_conn", "_sql")
 
+    def __init__(self, conn: Conn, sql: LimitStatements) -> None:
+        self._conn = conn
+        self._sql = sql
 
-async def apply_limits(conn: Conn, sql: LimitStatements, request: ClaimRequest) -> Limited:
-    """Lock the buckets of the request's limited keys, count their RUNNING tasks, and cut
-    the request's caps to what the limits allow now (inside the caller's transaction)."""
-    keys = locked_keys(request.handlers, request.limits)
-    tokens: dict[HandlerKey, float] = {}
-    running: dict[HandlerKey, int] = {}
-    now = 0.0
-    if keys:
+    async def lock_buckets(
+        self, keys: Sequence[HandlerKey]
+    ) -> tuple[dict[HandlerKey, Bucket], float]:
+        conn, sql = self._conn, self._sql
         scopes = [scope_of(k) for k in keys]
         types = [k[1] for k in keys]
         found = {(r["scope"], r["task_type"]): r for r in await conn.fetch(sql.lock, scopes, types)}
@@ -79,30 +71,25 @@ async def apply_limits(conn: Conn, sql: LimitStatements, request: ClaimRequest) 
             found = {
                 (r["scope"], r["task_type"]): r for r in await conn.fetch(sql.lock, scopes, types)
             }
+        buckets: dict[HandlerKey, Bucket] = {}
+        now = 0.0
         for key in keys:
             row = found[(scope_of(key), key[1])]
             now = row["now"]
-            limit = request.limits[key]
-            if limit.rate is not None:
-                bucket = Bucket(row["tokens"], row["updated_at"])
-                tokens[key] = refill(bucket, limit.rate, now)
-            if limit.max_running is not None:
-                running[key] = await conn.fetchval(sql.running, key[1], key[0])
-    caps = limited_caps(request.handlers, request.limits, tokens=tokens, running=running)
-    return Limited(attrs.evolve(request, handlers=caps), tokens, now)
+            buckets[key] = Bucket(row["tokens"], row["updated_at"])
+        return buckets, now
 
+    async def count_running(self, keys: Sequence[HandlerKey]) -> dict[HandlerKey, int]:
+        running: dict[HandlerKey, int] = {}
+        for key in keys:
+            running[key] = await self._conn.fetchval(self._sql.running, key[1], key[0])
+        return running
 
-async def spend_tokens(
-    conn: Conn, sql: LimitStatements, limited: Limited, claimed: Sequence[Task]
-) -> None:
-    """Write back the buckets that this claim took tokens from."""
-    taken = taken_by_key(((t.app_id, t.task_type) for t in claimed), limited.request.handlers)
-    spent = [(k, spend(left, taken[k])) for k, left in limited.tokens.items() if taken.get(k)]
-    if spent:
-        await conn.execute(
-            sql.save,
-            [scope_of(k) for k, _ in spent],
-            [k[1] for k, _ in spent],
-            [left for _, left in spent],
-            limited.now,
+    async def save_buckets(self, tokens: Mapping[HandlerKey, float], now: float) -> None:
+        await self._conn.execute(
+            self._sql.save,
+            [scope_of(k) for k in tokens],
+            [k[1] for k in tokens],
+            list(tokens.values()),
+            now,
         )

@@ -39,6 +39,7 @@ import attrs
 from taskmill.cursors import position_token, token_position
 from taskmill.errors import TaskNotFound
 from taskmill.lifecycle import REDRIVE_EVENT, check_redrive, finish_rounds, key_taken
+from taskmill.limiting import limit_claim, spend_claimed
 from taskmill.model import (
     Attempt,
     CancelReason,
@@ -69,7 +70,7 @@ from taskmill_postgres.cancellation import Cancellation
 from taskmill_postgres.connection import UNAVAILABLE, Database, Record
 from taskmill_postgres.enqueue import Enqueue, Inserted
 from taskmill_postgres.events import EventLog, Events
-from taskmill_postgres.limits import LimitStatements, apply_limits, spend_tokens
+from taskmill_postgres.limits import LimitStatements, PostgresBuckets
 from taskmill_postgres.listener import PostgresChangeListener
 from taskmill_postgres.options import (
     ParsedURL,
@@ -287,14 +288,15 @@ class PostgresStorage(TaskStorage):
         """A claim under global limits, in one transaction: lock the limited keys'
         ``rate_buckets`` rows, count their RUNNING tasks, claim within what they allow,
         write the spent tokens back (see :mod:`taskmill_postgres.limits`)."""
-        limited = await apply_limits(conn, self.limit_sql, request)
+        ledger = PostgresBuckets(conn, self.limit_sql)
+        limited = await limit_claim(ledger, request)
         statement = self.sql.claim_arguments(limited.request, self._events_lock, self.channel)
         if statement is None:
             return []
         sql, args = statement
         found = list(await conn.fetch(sql, *args))
         claimed = rows.claim_order(found) if found else []
-        await spend_tokens(conn, self.limit_sql, limited, claimed)
+        await spend_claimed(ledger, limited, ((t.app_id, t.task_type) for t in claimed))
         return claimed
 
     async def finish_batch(self, finishes: Sequence[Finish]) -> list[Task | None]:

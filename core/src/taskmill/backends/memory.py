@@ -49,7 +49,8 @@ from taskmill.lifecycle import (
     split_taken,
     unknown_dependency,
 )
-from taskmill.limits import Bucket, limited_caps, locked_keys, refill, spend
+from taskmill.limiting import InProcessLedger, limit_claim, spend_claimed
+from taskmill.limits import Bucket
 from taskmill.model import (
     NO_PROGRESS,
     Attempt,
@@ -257,9 +258,10 @@ class MemoryStorage(TaskStorage):
         now = from_timestamp(now_ts)
         lease_until = from_timestamp(now_ts + request.lease_seconds)
         handlers = request.handlers
-        tokens: dict[HandlerKey, float] = {}
         if request.limits:
-            handlers, tokens = self._limited(request, now_ts)
+            ledger = InProcessLedger(self._buckets, self._tasks, self._running, now_ts)
+            limited = await limit_claim(ledger, request)
+            handlers = limited.request.handlers
         # Which heaps each handler key draws from.
         sources: dict[QueueKey, HandlerKey] = {}
         for queue_key in self._ready:
@@ -312,35 +314,9 @@ class MemoryStorage(TaskStorage):
             counts[key] = counts.get(key, 0) + 1
             self._emit(EventKind.STARTED, task, now_ts)
             claimed.append(task)
-        for key, left in tokens.items():
-            self._buckets[key] = Bucket(spend(left, counts.get(key, 0)), now_ts)
+        if request.limits:
+            await spend_claimed(ledger, limited, ((t.app_id, t.task_type) for t in claimed))
         return claimed
-
-    def _limited(
-        self, request: ClaimRequest, now_ts: float
-    ) -> tuple[dict[HandlerKey, int | None], dict[HandlerKey, float]]:
-        """The request's caps cut by its global limits (see :mod:`taskmill.limits`),
-        and the refilled tokens of its rate-limited keys."""
-        keys = locked_keys(request.handlers, request.limits)
-        tokens: dict[HandlerKey, float] = {}
-        running: dict[HandlerKey, int] = {}
-        for key in keys:
-            limit = request.limits[key]
-            if limit.rate is not None:
-                tokens[key] = refill(self._buckets.get(key), limit.rate, now_ts)
-            if limit.max_running is not None:
-                running[key] = 0
-        if running:
-            for task_id in self._running:
-                task = self._tasks[task_id]
-                lease = task.lease_expires_at
-                if lease is not None and lease.timestamp() <= now_ts:
-                    continue  # an expired lease holds no slot
-                for key in {(task.app_id, task.task_type), (None, task.task_type)}:
-                    if key in running:
-                        running[key] += 1
-        caps = limited_caps(request.handlers, request.limits, tokens=tokens, running=running)
-        return caps, tokens
 
     def _held(self, lease: Lease) -> Task | None:
         task = self._tasks.get(lease.task_id)

@@ -14,11 +14,9 @@ SQLiteLedger`.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final
-
-import attrs
 
 from taskmill.backends.sqlite import statements as sql
 from taskmill.backends.sqlite.ledger import SQLiteLedger, chunks, insert_events
@@ -60,15 +58,8 @@ from taskmill.lifecycle import (
     split_taken,
     unknown_dependency,
 )
-from taskmill.limits import (
-    Bucket,
-    limited_caps,
-    locked_keys,
-    refill,
-    scope_of,
-    spend,
-    taken_by_key,
-)
+from taskmill.limiting import limit_claim, spend_claimed
+from taskmill.limits import Bucket, scope_of
 from taskmill.migrations import run_sync
 from taskmill.model import (
     Attempt,
@@ -239,38 +230,50 @@ _RUNNING_OF_TYPE: Final = (
 _RUNNING_OF_APP: Final = _RUNNING_OF_TYPE + " AND app_id = ?"
 
 
-def _limited(
-    conn: sqlite3.Connection, request: ClaimRequest, now: int
-) -> tuple[dict[HandlerKey, int | None], dict[HandlerKey, float]]:
-    """The request's caps cut by its global limits, read inside the claim's
-    ``BEGIN IMMEDIATE`` transaction (see :mod:`taskmill.limits`), and the refilled
-    tokens of its rate-limited keys."""
-    now_s = now / 1e6
-    tokens: dict[HandlerKey, float] = {}
-    running: dict[HandlerKey, int] = {}
-    for key in locked_keys(request.handlers, request.limits):
-        limit = request.limits[key]
-        app_id, task_type = key
-        if limit.rate is not None:
-            row = conn.execute(_BUCKETS, (scope_of(key), task_type)).fetchone()
-            bucket = None if row is None else Bucket(row[0], row[1])
-            tokens[key] = refill(bucket, limit.rate, now_s)
-        if limit.max_running is not None:
+class _SQLiteBuckets:
+    """:class:`taskmill.limiting.BucketLedger` inside a claim's ``BEGIN IMMEDIATE``
+    transaction at ``now`` (integer microseconds): that transaction holds the database's
+    one writer lock, so reading a bucket is locking it."""
+
+    __slots__ = ("_conn", "_now")
+
+    def __init__(self, conn: sqlite3.Connection, now: int) -> None:
+        self._conn = conn
+        self._now = now
+
+    async def lock_buckets(
+        self, keys: Sequence[HandlerKey]
+    ) -> tuple[dict[HandlerKey, Bucket], float]:
+        buckets: dict[HandlerKey, Bucket] = {}
+        for key in keys:
+            row = self._conn.execute(_BUCKETS, (scope_of(key), key[1])).fetchone()
+            if row is not None:
+                buckets[key] = Bucket(row[0], row[1])
+        return buckets, self._now / 1e6
+
+    async def count_running(self, keys: Sequence[HandlerKey]) -> dict[HandlerKey, int]:
+        running: dict[HandlerKey, int] = {}
+        for app_id, task_type in keys:
             if app_id is None:
-                row = conn.execute(_RUNNING_OF_TYPE, (task_type, now)).fetchone()
+                row = self._conn.execute(_RUNNING_OF_TYPE, (task_type, self._now)).fetchone()
             else:
-                row = conn.execute(_RUNNING_OF_APP, (task_type, now, app_id)).fetchone()
-            running[key] = row[0]
-    caps = limited_caps(request.handlers, request.limits, tokens=tokens, running=running)
-    return caps, tokens
+                row = self._conn.execute(_RUNNING_OF_APP, (task_type, self._now, app_id)).fetchone()
+            running[app_id, task_type] = row[0]
+        return running
+
+    async def save_buckets(self, tokens: Mapping[HandlerKey, float], now: float) -> None:
+        self._conn.executemany(
+            _SAVE_BUCKET, [(scope_of(key), key[1], left, now) for key, left in tokens.items()]
+        )
 
 
 def claim(conn: sqlite3.Connection, request: ClaimRequest) -> list[Task]:
     now = now_us()
-    tokens: dict[HandlerKey, float] = {}
+    limited = None
     if request.limits:
-        handlers, tokens = _limited(conn, request, now)
-        request = attrs.evolve(request, handlers=handlers)
+        ledger = _SQLiteBuckets(conn, now)
+        limited = run_sync(limit_claim(ledger, request))
+        request = limited.request
     scopes = conn.execute(sql.SUSPENSIONS).fetchall()
     suspended = [SuspensionScope(task_type=t, app_id=a) for t, a in scopes]
     statement = sql.claim_statement(request, now, suspended)
@@ -282,16 +285,8 @@ def claim(conn: sqlite3.Connection, request: ClaimRequest) -> list[Task]:
         return []
     snapshots = claimed(rows)  # also puts rows in claim order
     insert_events(conn, [(r[SEQ], r[ID], _STARTED, "running", now) for r in rows])
-    if tokens:
-        taken = taken_by_key(((t.app_id, t.task_type) for t in snapshots), request.handlers)
-        conn.executemany(
-            _SAVE_BUCKET,
-            [
-                (scope_of(key), key[1], spend(left, taken.get(key, 0)), now / 1e6)
-                for key, left in tokens.items()
-                if taken.get(key)
-            ],
-        )
+    if limited is not None:
+        run_sync(spend_claimed(ledger, limited, ((t.app_id, t.task_type) for t in snapshots)))
     return snapshots
 
 
