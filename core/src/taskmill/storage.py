@@ -8,10 +8,6 @@ worker processes, and on a database shared by many machines.
 
 The executable definition of these guarantees is :mod:`taskmill.testing`; a backend
 proves itself by subclassing its contract suite.
-
-Why one long module: it is the storage contract, one abstract class of every domain
-operation with the docstring that defines it; splitting it would split the definition a
-backend author reads.
 """
 
 from __future__ import annotations

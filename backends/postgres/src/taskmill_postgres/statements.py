@@ -18,10 +18,6 @@ Conventions every statement here follows:
   schema's events lock (``pg_advisory_xact_lock``) and sends the notifications. The event
   seqs are therefore drawn under the lock, in commit order (see 0001_initial.sql), and
   a statement never waits for a row lock while it holds the events lock.
-
-Why one long module: it is every SQL statement of one schema, generated together from
-the lifecycle kernel when the schema opens, so the whole SQL of the backend reads (and
-is EXPLAINed, tests/test_postgres_plans.py) in one place.
 """
 
 from __future__ import annotations

@@ -7,10 +7,6 @@ its own store (two ``Taskmill("memory://")`` objects do not share tasks).
 Claims are served from one heap per ``(app_id, task_type)`` ordered by (priority DESC,
 creation ASC) plus one heap of tasks not yet due, so a claim costs O(batch · log n)
 however many tasks are queued.
-
-Why one long module: it is the reference store every other backend is compared with (the
-differential tests), so each operation's reference semantics stays in one class that
-reads top to bottom.
 """
 
 from __future__ import annotations
