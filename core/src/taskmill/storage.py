@@ -283,6 +283,37 @@ class Lease:
     worker_id: str
     attempt: int
 
+    def fence_args(self) -> tuple[str, str, int]:
+        """This lease's values of the :data:`LEASE_FENCE` fields that come from it (all
+        but the status), in that order: the parameters of a rendered fence."""
+        return (self.task_id, self.worker_id, self.attempt)
+
+    def holds(self, task_id: str, status: str, worker_id: str | None, attempts: int) -> bool:
+        """Whether a task whose :data:`LEASE_FENCE` fields (status by stored value) hold
+        these values is still held by this lease."""
+        return (
+            attempts == self.attempt
+            and worker_id == self.worker_id
+            and task_id == self.task_id
+            and status == LEASED_STATUS
+        )
+
+
+LEASED_STATUS = TaskStatus.RUNNING.value
+"""The status (by stored value) a task holds while a lease can hold it."""
+
+LEASE_FENCE: tuple[tuple[str, str | None], ...] = (
+    ("id", "task_id"),
+    ("status", None),
+    ("worker_id", "worker_id"),
+    ("attempts", "attempt"),
+)
+"""The lease fence as data: the task fields a write under a :class:`Lease` is fenced by,
+in order, each with the lease attribute it must equal (None: the status, which must be
+:data:`LEASED_STATUS`). Every store fences with it: SQL stores render it with
+:func:`taskmill.sql.rows.fence_clause` and bind :meth:`Lease.fence_args`, the others
+compare with :meth:`Lease.holds`."""
+
 
 class FinishKind(enum.Enum):
     """The transition a worker asks for when an attempt ends."""

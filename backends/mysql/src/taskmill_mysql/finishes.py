@@ -24,7 +24,7 @@ from taskmill.lifecycle import (
 from taskmill.model import NO_PROGRESS, AttemptOutcome, Progress, Task
 from taskmill.serialization import dumps, loads
 from taskmill.settlement import Settlement
-from taskmill.storage import Finish, FinishKind, Lease
+from taskmill.storage import LEASED_STATUS, Finish, FinishKind, Lease
 
 from taskmill_mysql import statements as sql
 from taskmill_mysql.connection import Session
@@ -183,9 +183,10 @@ async def _finish(
         for index in indexes:
             one = finishes[index]
             held = locked.get(one.lease.task_id)
-            if held is None or held[i_worker] != one.lease.worker_id:
-                continue
-            if held[i_attempts] != one.lease.attempt:
+            # The rows locked are RUNNING ones.
+            if held is None or not one.lease.holds(
+                held[i_id], LEASED_STATUS, held[i_worker], held[i_attempts]
+            ):
                 continue
             stop_requested = held[fence.cancel_reason] is not None
             kind = finish_kind(one.kind, stop_requested=stop_requested)

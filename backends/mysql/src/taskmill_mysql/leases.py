@@ -17,7 +17,7 @@ from taskmill.model import CancelReason, EventKind, Task
 from taskmill.serialization import dumps
 from taskmill.settlement import Settlement
 from taskmill.sql.rows import REASON
-from taskmill.storage import Lease, ProgressUpdate
+from taskmill.storage import LEASED_STATUS, Lease, ProgressUpdate
 
 from taskmill_mysql import statements as sql
 from taskmill_mysql.connection import Session
@@ -43,7 +43,8 @@ async def _lock_running(s: Session, ids: Sequence[str]) -> dict[str, Row]:
 
 
 def _held(row: Row | None, lease: Lease) -> bool:
-    return row is not None and row[2] == lease.worker_id and row[3] == lease.attempt
+    # LOCK_RUNNING selects RUNNING rows only.
+    return row is not None and lease.holds(row[1], LEASED_STATUS, row[2], row[3])
 
 
 async def renew(s: Session, args: tuple[Sequence[Lease], float]) -> dict[str, CancelReason | None]:

@@ -30,7 +30,7 @@ from taskmill.lifecycle import (
 from taskmill.model import TaskFilter
 from taskmill.sql.filters import Dialect, SQLFilter, translate
 from taskmill.sql.lifecycle import Sources, literal, set_clause
-from taskmill.sql.rows import ATTEMPT_COLUMN_NAMES, TASK_COLUMN_NAMES
+from taskmill.sql.rows import ATTEMPT_COLUMN_NAMES, TASK_COLUMN_NAMES, fence_clause
 from taskmill.storage import FinishKind
 
 from taskmill_mysql.rows import FENCE_COLUMN_NAMES, TASK_COLUMNS, TASK_JSON, as_stored
@@ -110,7 +110,8 @@ def select_seqs_by_id(n: int) -> str:
     return f"SELECT id, seq FROM tasks WHERE id IN ({marks(n)})"
 
 
-FENCE: Final = "id = %s AND status = 'running' AND worker_id = %s AND attempts = %s"
+FENCE: Final = fence_clause(lambda _: "%s")
+"""The lease fence (parameters: :meth:`~taskmill.storage.Lease.fence_args`)."""
 INSERT_ATTEMPTS: Final = (
     "INSERT INTO attempts (task_seq, task_id, number, worker_id, started_at, finished_at, "
     "outcome, error) VALUES "

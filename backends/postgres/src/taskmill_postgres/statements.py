@@ -50,7 +50,7 @@ from taskmill.sql.lifecycle import (
     stop_release_sql,
     transition_cases,
 )
-from taskmill.sql.rows import TASK_COLUMN_NAMES
+from taskmill.sql.rows import TASK_COLUMN_NAMES, fence_clause
 from taskmill.storage import ClaimRequest
 
 from taskmill_postgres.options import quote_ident
@@ -68,8 +68,10 @@ CLAIMABLE: Final = "status = 'pending' AND alias_of IS NULL AND waiting_on = 0"
 """The predicate of the partial ``tasks_claim`` index (queries repeat it verbatim)."""
 ACTIVE: Final = "status IN ('pending', 'running')"
 
-FENCE: Final = (
-    "t.id = v.id AND t.status = v.running AND t.worker_id = v.worker_id AND t.attempts = v.attempt"
+FENCE: Final = fence_clause(
+    {"task_id": "v.id", "worker_id": "v.worker_id", "attempt": "v.attempt"}.__getitem__,
+    status="v.running",
+    column=lambda name: f"t.{name}",
 )
 """A batch row's lease, fenced: task ``t`` is RUNNING, held by the batch row's worker
 for the batch row's attempt (``v``, a CTE built by :func:`batch`).

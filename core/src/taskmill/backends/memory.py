@@ -316,11 +316,8 @@ class MemoryStorage(TaskStorage):
 
     def _held(self, lease: Lease) -> Task | None:
         task = self._tasks.get(lease.task_id)
-        if (
-            task is None
-            or task.status is not _RUNNING
-            or task.worker_id != lease.worker_id
-            or task.attempts != lease.attempt
+        if task is None or not lease.holds(
+            task.id, task.status.value, task.worker_id, task.attempts
         ):
             return None
         return task

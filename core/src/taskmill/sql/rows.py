@@ -27,6 +27,7 @@ from taskmill.model import (
     task_from_values,
 )
 from taskmill.serialization import loads
+from taskmill.storage import LEASE_FENCE, LEASED_STATUS
 
 __all__ = [
     "ATTEMPT_COLUMN_NAMES",
@@ -40,6 +41,7 @@ __all__ = [
     "attempt_reader",
     "claim_order",
     "column_index",
+    "fence_clause",
     "leads_aliases",
     "loads",
     "task_reader",
@@ -220,4 +222,21 @@ def leads_aliases(row: Row) -> bool:
     key = row[TaskColumn.DEDUPE_KEY]
     return key is not None and settles_aliases(
         STATUS[row[TaskColumn.STATUS]], key, row[TaskColumn.ALIAS_OF]
+    )
+
+
+def fence_clause(
+    value: Callable[[str], str],
+    *,
+    status: str = f"'{LEASED_STATUS}'",
+    column: Callable[[str], str] = str,
+) -> str:
+    """:data:`~taskmill.storage.LEASE_FENCE` as a SQL condition: each fenced column
+    (as ``column`` names it) equal to ``value`` of the lease attribute it is fenced by,
+    and the status column to ``status`` (the literal ``'running'`` unless a store's
+    planner needs another spelling). Bind :meth:`~taskmill.storage.Lease.fence_args`
+    when the values are parameters."""
+    return " AND ".join(
+        f"{column(name)} = {status if attribute is None else value(attribute)}"
+        for name, attribute in LEASE_FENCE
     )

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import attrs
 import pytest
 
 from taskmill.model import AttemptOutcome, CancelReason, Progress, Task, TaskStatus
-from taskmill.storage import ProgressUpdate, TaskStorage, utcnow
+from taskmill.storage import LEASE_FENCE, ProgressUpdate, TaskStorage, utcnow
 from taskmill.testing.helpers import claim, finish, lease_of, new_task, wait_until
 
 __all__ = ["LeaseContract"]
@@ -84,6 +85,35 @@ class LeaseContract:
         )
         (done,) = await storage.finish_batch([finish(new, result="fresh")])
         assert done is not None and done.result == "fresh"
+
+    @pytest.mark.parametrize("field", [name for name, _ in LEASE_FENCE])
+    async def test_each_field_of_the_lease_fence_fences_every_lease_write(
+        self, storage: TaskStorage, field: str
+    ) -> None:
+        """A lease that differs from the task in one :data:`~taskmill.storage.LEASE_FENCE`
+        field alone (or a task no longer RUNNING, for the status) renews, watches,
+        saves progress for and finishes nothing; the task is left as it was."""
+        await storage.enqueue([new_task(), new_task()])
+        task, other = await storage.claim_batch(claim(limit=2))  # one worker holds both
+        lease = lease_of(task)
+        if field == "status":
+            await storage.finish_batch([finish(task)])  # COMPLETED: no longer leased
+        elif field == "id":
+            lease = attrs.evolve(lease, task_id=f"{task.id[:8]}-not-stored")
+        elif field == "worker_id":
+            lease = attrs.evolve(lease, worker_id="intruder")
+        else:
+            assert field == "attempts", f"a fence field this test does not know: {field}"
+            lease = attrs.evolve(lease, attempt=task.attempts + 1)
+        before = {t.id: await storage.get(t.id) for t in (task, other)}
+        assert await storage.renew_leases([lease], 300) == {}
+        assert await storage.watch_leases([lease]) == {}
+        update = ProgressUpdate(lease=lease, progress=Progress(1, 2))
+        assert await storage.save_progress([update]) == set()
+        ended = attrs.evolve(finish(task, result="intruder"), lease=lease)
+        assert await storage.finish_batch([ended]) == [None]
+        after = {t.id: await storage.get(t.id) for t in (task, other)}
+        assert after == before
 
     async def test_save_progress_is_fenced_by_the_lease(self, storage: TaskStorage) -> None:
         await storage.enqueue([new_task()])

@@ -78,6 +78,7 @@ from taskmill.settlement import Settlement
 from taskmill.settlement import cancel as settlement_cancel
 from taskmill.sql.rows import REASON, STATUS
 from taskmill.storage import (
+    LEASED_STATUS,
     ClaimRequest,
     Finish,
     FinishKind,
@@ -619,7 +620,8 @@ def watch(conn: sqlite3.Connection, leases: Sequence[Lease]) -> dict[str, Cancel
     held: dict[str, CancelReason | None] = {}
     for lease in leases:
         row = found.get(lease.task_id)
-        if row is not None and row[0] == lease.worker_id and row[1] == lease.attempt:
+        # (the rows selected are RUNNING ones)
+        if row is not None and lease.holds(lease.task_id, LEASED_STATUS, row[0], row[1]):
             held[lease.task_id] = None if row[2] is None else REASON[row[2]]
     return held
 

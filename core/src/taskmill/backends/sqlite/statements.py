@@ -30,7 +30,7 @@ from taskmill.lifecycle import (
 from taskmill.model import SuspensionScope, TaskFilter
 from taskmill.sql.filters import Dialect, SQLFilter, translate
 from taskmill.sql.lifecycle import Sources, literal, set_clause
-from taskmill.sql.rows import ATTEMPT_COLUMN_NAMES, TASK_COLUMN_NAMES
+from taskmill.sql.rows import ATTEMPT_COLUMN_NAMES, TASK_COLUMN_NAMES, fence_clause
 from taskmill.storage import ClaimRequest, FinishKind
 
 __all__ = ["claim_statement", "filter_sql"]
@@ -64,7 +64,8 @@ FIND_LEADER: Final = (
 )
 SELECT_TASK: Final = f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"
 SELECT_TASKS: Final = f"SELECT {TASK_COLUMNS} FROM tasks"
-FENCE: Final = " WHERE id = ? AND status = 'running' AND worker_id = ? AND attempts = ?"
+FENCE: Final = " WHERE " + fence_clause(lambda _: "?")
+"""The lease fence (parameters: :meth:`~taskmill.storage.Lease.fence_args`)."""
 INSERT_ATTEMPT: Final = (
     "INSERT INTO attempts (task_seq, task_id, number, worker_id, started_at, finished_at, "
     "outcome, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
@@ -110,20 +111,25 @@ FINISH_CHUNK: Final = 128
 _finish_sql_cache: dict[tuple[FinishKind, int], str] = {}
 
 
+_VALUES_FENCE: Final = {"task_id": "v.column1", "worker_id": "v.column2", "attempt": "v.column3"}
+"""The VALUES columns of a finish row that hold its lease's fence arguments."""
+
+
+def _finish_column(name: str) -> str:
+    # `+status`: the unary plus keeps the status test from selecting the partial index
+    # tasks_lease (WHERE status = 'running'). With statistics taken while one task was
+    # RUNNING, SQLite read every RUNNING task through it and scanned the VALUES once per
+    # task (11 ms per finished row with 50,000 RUNNING); rows are found by id instead.
+    return f"+tasks.{name}" if name == "status" else f"tasks.{name}"
+
+
 def finish_sql(kind: FinishKind, rows: int) -> str:
     """The batched finish statement of ``kind`` for ``rows`` VALUES rows."""
     cached = _finish_sql_cache.get((kind, rows))
     if cached is not None:
         return cached
     row = "(" + ", ".join("?" * FINISH_WIDTH) + ")"
-    # `+status`: the unary plus keeps the status test from selecting the partial index
-    # tasks_lease (WHERE status = 'running'). With statistics taken while one task was
-    # RUNNING, SQLite read every RUNNING task through it and scanned the VALUES once per
-    # task (11 ms per finished row with 50,000 RUNNING); rows are found by id instead.
-    where = (
-        "tasks.id = v.column1 AND +tasks.status = 'running' "
-        "AND tasks.worker_id = v.column2 AND tasks.attempts = v.column3"
-    )
+    where = fence_clause(_VALUES_FENCE.__getitem__, column=_finish_column)
     if kind in RELEASED_ON_STOP:
         # A task with a stop request is released instead (lifecycle.finish_kind): the
         # RELEASE statement is tried for what this one did not match.
