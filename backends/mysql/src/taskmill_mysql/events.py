@@ -15,12 +15,13 @@ from typing import Final
 
 import attrs
 from taskmill.cursors import position_token, token_position
-from taskmill.model import AttemptOutcome, EventKind, Task, TaskEvent, TaskStatus
+from taskmill.model import AttemptOutcome, EventKind, TaskEvent, TaskStatus
+from taskmill.sql.rows import events_of_rows
 
 from taskmill_mysql import statements as sql
 from taskmill_mysql.connection import Session
 from taskmill_mysql.readback import now
-from taskmill_mysql.rows import EVENT_COLUMNS, ID, event, task
+from taskmill_mysql.rows import EVENT_COLUMNS, event, task
 
 __all__ = ["QUOTED", "Event", "Inserted", "append_events", "prune_events", "read_events"]
 
@@ -103,17 +104,7 @@ async def read_events(s: Session, args: tuple[str | None, int]) -> tuple[list[Ta
     rows = await s.fetchall(sql.READ_EVENTS, (position, limit))
     if not rows:
         return [], after
-    snapshots: dict[str, Task] = {}
-    events: list[TaskEvent] = []
-    start = EVENT_COLUMNS
-    for row in rows:
-        task_id = row[start + ID]
-        if task_id is None:
-            continue  # the task was deleted since (cleanup): skipped, cursor moves on
-        snapshot = snapshots.get(task_id)
-        if snapshot is None:
-            snapshot = snapshots[task_id] = task(row[start:])
-        events.append(event(row, snapshot))
+    events = events_of_rows(rows, start=EVENT_COLUMNS, task=task, event=event)
     return events, position_token(int(rows[-1][0]))
 
 

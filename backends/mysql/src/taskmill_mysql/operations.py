@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from taskmill.errors import TaskNotFound
 from taskmill.lifecycle import REDRIVE_EVENT, check_redrive, key_taken
 from taskmill.model import Attempt, ProgressSummary, Task, TaskFilter, TaskStatus
+from taskmill.sql.filters import page_sql
 from taskmill.sql.rows import STATUS
 from taskmill.storage import HandlerKey
 
@@ -99,16 +100,11 @@ async def get(s: Session, task_id: str) -> Task | None:
 
 async def query(s: Session, args: tuple[TaskFilter, int, int, bool, str | None]) -> list[Task]:
     filter, limit, offset, newest_first, after = args
-    selected = sql.filter_sql(filter)
-    order = "DESC" if newest_first else "ASC"
-    clauses = list(selected.clauses)
-    values = list(selected.args)
-    if after is not None:
-        clauses.append(f"seq {'<' if newest_first else '>'} (SELECT seq FROM tasks WHERE id = %s)")
-        values.append(after)
-    where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
-    text = f"SELECT {TASK_COLUMNS} FROM tasks{where} ORDER BY seq {order} LIMIT %s OFFSET %s"
-    return [task(r) for r in await s.fetchall(text, [*values, limit, offset])]
+    text, values = page_sql(
+        sql.filter_sql(filter), table="tasks", columns=TASK_COLUMNS, limit=limit,
+        offset=offset, newest_first=newest_first, after=after,
+    )  # fmt: skip
+    return [task(r) for r in await s.fetchall(text, values)]
 
 
 async def summary(s: Session, filter: TaskFilter) -> ProgressSummary:

@@ -50,6 +50,8 @@ from taskmill.model import (
     TaskFilter,
     TaskStatus,
 )
+from taskmill.sql.filters import page_sql, translate
+from taskmill.sql.rows import events_of_rows
 from taskmill.storage import (
     ChangeListener,
     ClaimRequest,
@@ -81,7 +83,7 @@ from taskmill_postgres.options import (
 )
 from taskmill_postgres.registrations import RegistrationStatements, from_rows, upsert_arguments
 from taskmill_postgres.schema import Conn
-from taskmill_postgres.statements import TASK_COLUMNS, Statements, filter_sql
+from taskmill_postgres.statements import DIALECT, TASK_COLUMNS, Statements, filter_sql
 
 __all__ = ["PostgresStorage"]
 
@@ -454,22 +456,13 @@ class PostgresStorage(TaskStorage):
         """Tasks selected by ``filter`` in creation order (``seq``), paged in SQL."""
         if limit <= 0:
             return []
-        where, args = filter_sql(filter)
-        order = "DESC" if newest_first else "ASC"
-        if after is not None:
-            args = [*args, after]
-            where = (
-                f"({where}) AND seq {'<' if newest_first else '>'} (SELECT seq FROM "
-                f"{self.sql.quoted}.tasks WHERE id = ${len(args)}::text)"
-            )
-        n = len(args)
-        sql = (
-            f"SELECT {TASK_COLUMNS} FROM {self.sql.quoted}.tasks WHERE {where} "
-            f"ORDER BY seq {order} LIMIT ${n + 1}::bigint OFFSET ${n + 2}::bigint"
-        )
+        sql, args = page_sql(
+            translate(filter, DIALECT), table=f"{self.sql.quoted}.tasks", columns=TASK_COLUMNS,
+            limit=limit, offset=max(offset, 0), newest_first=newest_first, after=after,
+        )  # fmt: skip
 
         async def query(conn: Conn) -> list[Record]:
-            return list(await conn.fetch(sql, *args, limit, max(offset, 0)))
+            return list(await conn.fetch(sql, *args))
 
         return [rows.task(r) for r in await self._db.run(query)]
 
@@ -644,16 +637,7 @@ class PostgresStorage(TaskStorage):
         found = await self._db.run(read)
         if not found:
             return [], after
-        snapshots: dict[str, Task] = {}
-        events: list[TaskEvent] = []
-        for row in found:
-            task_id = row[4 + rows.ID]
-            if task_id is None:
-                continue  # the task was deleted since (cleanup): skipped
-            snapshot = snapshots.get(task_id)
-            if snapshot is None:
-                snapshot = snapshots[task_id] = rows.task(row[4:])
-            events.append(rows.event(row, snapshot))
+        events = events_of_rows(found, start=4, task=rows.task, event=rows.event)
         return events, position_token(int(found[-1][0]))
 
     async def prune_events(self, older_than: timedelta) -> int:

@@ -16,7 +16,7 @@ import attrs
 from taskmill.filters import Condition, Op, conditions
 from taskmill.model import TaskFilter
 
-__all__ = ["COLUMN_TYPES", "Dialect", "SQLFilter", "translate"]
+__all__ = ["COLUMN_TYPES", "Dialect", "SQLFilter", "page_sql", "translate"]
 
 COLUMN_TYPES: Final = {"created_at": "timestamptz"}
 """The SQL type of each filtered column that is not ``text``."""
@@ -96,3 +96,35 @@ def _clause(condition: Condition, dialect: Dialect, bind: Callable[[Any, str], s
     if isinstance(value, datetime):
         value = dialect.timestamp(value)
     return f"{column} {_OPERATOR[condition.op]} {bind(value, sql_type)}"
+
+
+def page_sql(
+    selected: SQLFilter,
+    *,
+    table: str,
+    columns: str,
+    limit: int,
+    offset: int,
+    newest_first: bool,
+    after: str | None,
+) -> tuple[str, list[Any]]:
+    """The ``SELECT`` of one page of :meth:`taskmill.storage.TaskStorage.query`: the
+    tasks ``selected`` (a translated filter) in creation order (``seq``, newest first
+    when asked), after the task ``after`` when given, ``offset`` then ``limit`` of them;
+    its text and arguments."""
+    place = selected.dialect.placeholder
+    clauses = list(selected.clauses)
+    args = list(selected.args)
+    if after is not None:
+        args.append(after)
+        clauses.append(
+            f"seq {'<' if newest_first else '>'} "
+            f"(SELECT seq FROM {table} WHERE id = {place(len(args), 'text')})"
+        )
+    where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+    args += [limit, offset]
+    text = (
+        f"SELECT {columns} FROM {table}{where} ORDER BY seq {'DESC' if newest_first else 'ASC'} "
+        f"LIMIT {place(len(args) - 1, 'bigint')} OFFSET {place(len(args), 'bigint')}"
+    )
+    return text, args

@@ -23,6 +23,7 @@ from taskmill.model import (
     EventKind,
     Progress,
     Task,
+    TaskEvent,
     TaskStatus,
     task_from_values,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "attempt_reader",
     "claim_order",
     "column_index",
+    "events_of_rows",
     "fence_clause",
     "leads_aliases",
     "loads",
@@ -240,3 +242,26 @@ def fence_clause(
         f"{column(name)} = {status if attribute is None else value(attribute)}"
         for name, attribute in LEASE_FENCE
     )
+
+
+def events_of_rows(
+    rows: Sequence[Any],
+    *,
+    start: int,
+    task: Callable[[Any], Task],
+    event: Callable[[Any, Task], TaskEvent],
+) -> list[TaskEvent]:
+    """The events of rows selected as an event's columns followed, from ``start``, by its
+    task's snapshot columns (NULL for a task deleted since, whose events are skipped);
+    each task's snapshot built once, by ``task``, and shared by its events."""
+    snapshots: dict[str, Task] = {}
+    events: list[TaskEvent] = []
+    for row in rows:
+        task_id = row[start + TaskColumn.ID]
+        if task_id is None:
+            continue  # the task was deleted since (cleanup): skipped, cursor moves on
+        snapshot = snapshots.get(task_id)
+        if snapshot is None:
+            snapshot = snapshots[task_id] = task(row[start:])
+        events.append(event(row, snapshot))
+    return events

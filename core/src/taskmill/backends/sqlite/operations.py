@@ -76,7 +76,8 @@ from taskmill.model import (
 from taskmill.serialization import dumps
 from taskmill.settlement import Settlement
 from taskmill.settlement import cancel as settlement_cancel
-from taskmill.sql.rows import REASON, STATUS
+from taskmill.sql.filters import page_sql
+from taskmill.sql.rows import REASON, STATUS, events_of_rows
 from taskmill.storage import (
     LEASED_STATUS,
     ClaimRequest,
@@ -503,16 +504,11 @@ def query(
     conn: sqlite3.Connection, args: tuple[TaskFilter, int, int, bool, str | None]
 ) -> list[Task]:
     filter, limit, offset, newest_first, after = args
-    selected = sql.filter_sql(filter)
-    order = "DESC" if newest_first else "ASC"
-    clauses = list(selected.clauses)
-    values = list(selected.args)
-    if after is not None:
-        clauses.append(f"seq {'<' if newest_first else '>'} (SELECT seq FROM tasks WHERE id = ?)")
-        values.append(after)
-    where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
-    text = f"SELECT {TASK_COLUMNS} FROM tasks{where} ORDER BY seq {order} LIMIT ? OFFSET ?"
-    return [task(r) for r in conn.execute(text, [*values, limit, offset])]
+    text, values = page_sql(
+        sql.filter_sql(filter), table="tasks", columns=TASK_COLUMNS, limit=limit,
+        offset=offset, newest_first=newest_first, after=after,
+    )  # fmt: skip
+    return [task(r) for r in conn.execute(text, values)]
 
 
 def summary(conn: sqlite3.Connection, filter: TaskFilter) -> ProgressSummary:
@@ -672,17 +668,7 @@ def read_events(
     rows = conn.execute(sql.READ_EVENTS, (position, limit)).fetchall()
     if not rows:
         return [], after
-    snapshots: dict[str, Task] = {}
-    events: list[TaskEvent] = []
-    start = EVENT_COLUMNS
-    for row in rows:
-        task_id = row[start + ID]
-        if task_id is None:
-            continue  # the task was deleted since (cleanup): skipped, cursor moves on
-        snapshot = snapshots.get(task_id)
-        if snapshot is None:
-            snapshot = snapshots[task_id] = task(row[start:])
-        events.append(event(row, snapshot))
+    events = events_of_rows(rows, start=EVENT_COLUMNS, task=task, event=event)
     return events, position_token(int(rows[-1][0]))
 
 
