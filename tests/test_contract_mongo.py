@@ -1,21 +1,25 @@
-"""The storage contract on ``mongodb://`` (nx-27017 in CI, or
-``$TASKMILL_TEST_MONGO_URL``), plus what only this backend must do: URLs and options,
-bad input (an unreachable server, a schema version mismatch, params keys MongoDB
-restricts), and the server check."""
+"""The storage and deployment contracts on ``mongodb://`` (nx-27017 in CI, or
+``$TASKMILL_TEST_MONGO_URL``), plus what only this backend must do: params keys MongoDB
+restricts, collections created before the first write, concurrent migrations and the
+upgrade of a version-1 database."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
 import pytest
 from pymongo import AsyncMongoClient
+from pymongo.errors import DuplicateKeyError
 from taskmill.discovery import storage_for_url
-from taskmill.errors import InvalidURL, SchemaVersionError, StorageUnavailable
+from taskmill.errors import SchemaVersionError
+from taskmill.model import Task
 from taskmill.storage import TaskStorage
-from taskmill.testing import StorageContract, new_task
+from taskmill.testing import BadURL, DeploymentContract, StorageContract, new_task
 from taskmill_mongo import SCHEMA_VERSION, MongoStorage
+from taskmill_mongo.documents import leader_key
 
 from tests import mongo_server
 
@@ -27,6 +31,79 @@ class TestMongoStorage(StorageContract):
         await store.open()
         yield store
         await store.close()
+
+
+class TestMongoDeployment(DeploymentContract):
+    """Every deployment scenario, on a database of the test server of each test's own."""
+
+    storage_class = MongoStorage
+    distribution = "taskmill-mongo"
+    unreachable_options = {"connect_timeout": 1}
+    unique_violation = (DuplicateKeyError, "leader_key")
+    bad_urls = [
+        BadURL("mongodb://h/db", "valid options are: connect_timeout", {"bogus": 1}),
+        BadURL("mongodb://app:s3cret@db:27017/app", "valid options are", {"nope": 1}),
+        BadURL("mongodb://h/", "names no database"),
+        BadURL("mongodb://h/a.b", "plain name"),
+        BadURL("mongodb://h/db", "> 0", {"connect_timeout": 0}),
+        BadURL("mongodb://h:99999/db", "malformed"),
+        BadURL("postgresql://h/db", "not a MongoDB URL"),
+    ]
+
+    @pytest.fixture
+    def deployment_url(self, mongo_url: str) -> str:
+        return mongo_url
+
+    def unreachable_url(self) -> str:
+        return "mongodb://app:s3cret@127.0.0.1:1/app"
+
+    async def set_schema_version(self, url: str, version: int) -> None:
+        client, db = await _raw(MongoStorage.from_url(url).database)
+        try:
+            await db.taskmill_meta.update_one({"_id": "schema"}, {"$set": {"version": version}})
+        finally:
+            await client.close()
+
+    async def footprint(self, url: str) -> object:
+        """Every collection of the database with all its documents, but the lock of
+        the test server's stand-in (``serializeWrites``): any opener takes and releases
+        it, a refused one too, and it holds no data."""
+        client, db = await _raw(MongoStorage.from_url(url).database)
+        try:
+            lock = {"counters": {"_id": {"$ne": "writer"}}}
+            return {
+                name: await db[name].find(lock.get(name, {})).sort("_id").to_list()
+                for name in sorted(await db.list_collection_names())
+            }
+        finally:
+            await client.close()
+
+    async def plant_foreign_data(self, url: str) -> str:
+        client, db = await _raw(MongoStorage.from_url(url).database)
+        try:
+            await db.invoices.insert_many([{"_id": 1}, {"_id": 2}])
+        finally:
+            await client.close()
+        return "invoices"
+
+    async def insert_active_task(
+        self, storage: TaskStorage, leader: Task, *, dedupe_key: str
+    ) -> None:
+        """A copy of the leader's document with an id, a place and a key of its own."""
+        assert isinstance(storage, MongoStorage)
+        client, db = await _raw(storage.database)
+        try:
+            doc = await db.tasks.find_one({"_id": leader.id})
+            assert doc is not None
+            doc.update(
+                _id=str(uuid.uuid4()),
+                seq=doc["seq"] + 1_000_000,
+                dedupe_key=dedupe_key,
+                leader_key=leader_key(leader.app_id, leader.task_type, dedupe_key),
+            )
+            await db.tasks.insert_one(doc)
+        finally:
+            await client.close()
 
 
 async def _raw(database: str) -> tuple[AsyncMongoClient[dict[str, Any]], Any]:
@@ -44,92 +121,6 @@ def test_the_entry_points_serve_mongodb_and_srv_urls():
         store = storage_for_url(url)
         assert isinstance(store, MongoStorage)
         assert store.database == "db"
-
-
-@pytest.mark.parametrize(
-    ("url", "options", "message"),
-    [
-        ("mongodb://h/db", {"bogus": 1}, "valid options are: connect_timeout"),
-        ("mongodb://h/", {}, "names no database"),
-        ("mongodb://h/a.b", {}, "plain name"),
-        ("mongodb://h/db", {"connect_timeout": 0}, "> 0"),
-        ("mongodb://h:99999/db", {}, "malformed"),
-        ("postgresql://h/db", {}, "not a MongoDB URL"),
-    ],
-)
-def test_bad_urls_and_options_are_invalid(url: str, options: dict, message: str):
-    with pytest.raises(InvalidURL, match=message):
-        MongoStorage.from_url(url, **options)
-
-
-def test_an_invalid_url_never_shows_the_password():
-    with pytest.raises(InvalidURL) as excinfo:
-        MongoStorage.from_url("mongodb://app:s3cret@db:27017/app", nope=1)
-    assert "s3cret" not in str(excinfo.value)
-    assert "s3cret" not in repr(MongoStorage.from_url("mongodb://app:s3cret@db/app"))
-
-
-# -- bad input ------------------------------------------------------------------------
-
-
-async def test_an_unreachable_server_is_unavailable_naming_the_url_without_password():
-    store = MongoStorage.from_url("mongodb://app:s3cret@127.0.0.1:1/app", connect_timeout=1)
-    with pytest.raises(StorageUnavailable) as excinfo:
-        await store.open()
-    message = str(excinfo.value)
-    assert "127.0.0.1:1/app" in message and "s3cret" not in message
-    with pytest.raises(StorageUnavailable, match="not open"):
-        await store.get("x")
-
-
-async def _set_version(database: str, version: int) -> None:
-    client, db = await _raw(database)
-    try:
-        await db.taskmill_meta.update_one({"_id": "schema"}, {"$set": {"version": version}})
-    finally:
-        await client.close()
-
-
-async def test_an_older_schema_is_refused_with_the_migrate_command(
-    mongo_url: str, mongo_database: str
-):
-    store = MongoStorage.from_url(mongo_url)
-    await store.open()
-    (task,) = await store.enqueue([new_task()])
-    await store.close()
-    await _set_version(mongo_database, 0)
-    with pytest.raises(SchemaVersionError) as excinfo:
-        await MongoStorage.from_url(mongo_url).open()
-    assert f"taskmill migrate --url {mongo_url}" in str(excinfo.value)
-    assert await store.migrate() == SCHEMA_VERSION
-    await store.open()
-    try:
-        assert await store.get(task.id) == task  # nothing was lost
-    finally:
-        await store.close()
-
-
-async def test_a_newer_schema_is_refused_with_upgrade_advice(mongo_url: str, mongo_database: str):
-    store = MongoStorage.from_url(mongo_url)
-    await store.open()
-    await store.close()
-    await _set_version(mongo_database, SCHEMA_VERSION + 1)
-    for attempt in (store.open(), store.migrate()):
-        with pytest.raises(SchemaVersionError, match="pip install --upgrade taskmill-mongo"):
-            await attempt
-
-
-async def test_another_applications_database_is_left_untouched(mongo_url: str, mongo_database: str):
-    client, db = await _raw(mongo_database)
-    try:
-        await db.invoices.insert_one({"_id": 1})
-        store = MongoStorage.from_url(mongo_url)
-        for attempt in (store.open(), store.migrate()):
-            with pytest.raises(StorageUnavailable, match="not a taskmill database"):
-                await attempt
-        assert await db.list_collection_names() == ["invoices"]
-    finally:
-        await client.close()
 
 
 @pytest.mark.parametrize(

@@ -1,13 +1,14 @@
-"""The storage contract on ``mysql://`` (MariaDB in CI), plus what only this backend
-must do: URLs and options, bad input (an unreachable server, a wrong password, a schema
-version mismatch), migrations under GET_LOCK, and the event cursor's commit order."""
+"""The storage and deployment contracts on ``mysql://`` (MariaDB in CI), plus what only
+this backend must do: snapshots read as JSON, the seqs of a bulk enqueue, the event
+cursor's commit order, lost connections and deadlocks."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import uuid
 from collections.abc import AsyncIterator, Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import aiomysql
@@ -16,11 +17,13 @@ import pymysql
 import pytest
 from taskmill.cursors import position_token, token_position
 from taskmill.discovery import storage_for_url
-from taskmill.errors import InvalidURL, SchemaVersionError, StorageUnavailable
-from taskmill.model import EventKind, Progress
+from taskmill.errors import StorageUnavailable
+from taskmill.model import EventKind, Progress, Task
 from taskmill.sql.rows import TASK_COLUMN_NAMES
 from taskmill.storage import ClaimRequest, FinishKind, NewTask, TaskStorage
 from taskmill.testing import (
+    BadURL,
+    DeploymentContract,
     Place,
     SchemaMigrations,
     StorageContract,
@@ -35,7 +38,7 @@ from taskmill_mysql import schema as my_schema
 from taskmill_mysql import statements as my_sql
 from taskmill_mysql.connection import Session
 from taskmill_mysql.operations import _snapshots, append_events
-from taskmill_mysql.options import parse_url, redact
+from taskmill_mysql.options import parse_url
 from taskmill_mysql.rows import TASK_COLUMNS
 from taskmill_mysql.rows import task as row_task
 
@@ -129,6 +132,77 @@ class TestMySQLStorage(StorageContract):
         migrations.drop()
 
 
+class TestMySQLDeployment(DeploymentContract):
+    """Every deployment scenario, on a database of the test server of each test's own."""
+
+    storage_class = MySQLStorage
+    distribution = "taskmill-mysql"
+    unreachable_options = {"connect_timeout": 3}
+    unique_violation = (pymysql.err.IntegrityError, "tasks_dedupe_leader")
+    bad_urls = [
+        BadURL("mysql://h/db?bogus=1", "valid options are: pool_min_size"),
+        BadURL("mysql://app:s3cret@db:3306/app?nope=1", "valid options are: pool_min_size"),
+        BadURL("mysql://h/db", "unknown mysql:// option", {"schema": "x"}),
+        BadURL("mysql://h/1db", "plain identifier"),
+        BadURL("mysql://h/db?pool_max_size=0", "whole number >= 1"),
+        BadURL("mysql://h/db?pool_min_size=5&pool_max_size=2", "larger than"),
+        BadURL("mysql://h:99999/db", "malformed"),
+        BadURL("postgresql://h/db", "not a MySQL URL"),
+    ]
+
+    @pytest.fixture
+    def deployment_url(self, mysql_url: str) -> str:
+        return mysql_url
+
+    def unreachable_url(self) -> str:
+        return "mysql://app:s3cret@127.0.0.1:1/app"
+
+    async def set_schema_version(self, url: str, version: int) -> None:
+        database = MySQLStorage.from_url(url).database
+        await fetch(
+            f"UPDATE `{database}`.taskmill_meta SET `value` = %s WHERE `key` = %s",
+            str(version),
+            "schema_version",
+        )
+
+    async def footprint(self, url: str) -> object:
+        """Every table of the database with the checksum of all its rows."""
+        database = MySQLStorage.from_url(url).database
+        tables = await fetch(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s ORDER BY 1",
+            database,
+        )
+        if not tables:
+            return {}
+        names = ", ".join(f"`{database}`.`{name}`" for (name,) in tables)
+        return await fetch(f"CHECKSUM TABLE {names} EXTENDED")
+
+    async def plant_foreign_data(self, url: str) -> str:
+        database = MySQLStorage.from_url(url).database
+        await fetch(f"CREATE DATABASE `{database}`")
+        await fetch(f"CREATE TABLE `{database}`.invoices (id INT)")
+        await fetch(f"INSERT INTO `{database}`.invoices VALUES (1), (2)")
+        return "invoices"
+
+    async def insert_active_task(
+        self, storage: TaskStorage, leader: Task, *, dedupe_key: str
+    ) -> None:
+        assert isinstance(storage, MySQLStorage)
+        now = datetime.now(UTC).replace(tzinfo=None)
+        await fetch(
+            f"INSERT INTO `{storage.database}`.tasks (id, task_type, status, created_at,"
+            " run_at, updated_at, app_id, params, data, priority, max_retries, dedupe_key)"
+            " VALUES (%s, %s, 'pending', %s, %s, %s, %s, '{}', '{}', 0, 0, %s)",
+            str(uuid.uuid4()),
+            leader.task_type,
+            now,
+            now,
+            now,
+            leader.app_id,
+            dedupe_key,
+        )
+
+
 # -- URLs and options -----------------------------------------------------------------
 
 
@@ -137,111 +211,6 @@ def test_the_entry_points_serve_mysql_and_mariadb_urls():
         store = storage_for_url(f"{scheme}://user@localhost/db")
         assert isinstance(store, MySQLStorage)
         assert store.capabilities.notifications is False
-
-
-@pytest.mark.parametrize(
-    ("url", "options", "message"),
-    [
-        ("mysql://h/db?bogus=1", {}, "valid options are: pool_min_size"),
-        ("mysql://h/db", {"schema": "x"}, "unknown mysql:// option"),
-        ("mysql://h/1db", {}, "plain identifier"),
-        ("mysql://h/db?pool_max_size=0", {}, "whole number >= 1"),
-        ("mysql://h/db?pool_min_size=5&pool_max_size=2", {}, "larger than"),
-        ("mysql://h:99999/db", {}, "malformed"),
-        ("postgresql://h/db", {}, "not a MySQL URL"),
-    ],
-)
-def test_bad_urls_and_options_are_invalid(url: str, options: dict, message: str):
-    with pytest.raises(InvalidURL, match=message):
-        MySQLStorage.from_url(url, **options)
-
-
-def test_an_unknown_option_never_shows_the_password():
-    with pytest.raises(InvalidURL) as excinfo:
-        MySQLStorage.from_url("mysql://app:s3cret@db:3306/app?nope=1")
-    assert "s3cret" not in str(excinfo.value)
-    assert "s3cret" not in repr(MySQLStorage.from_url("mysql://app:s3cret@db/app"))
-
-
-# -- bad input ------------------------------------------------------------------------
-
-
-async def test_an_unreachable_server_is_unavailable_naming_host_and_port():
-    store = MySQLStorage.from_url("mysql://app:s3cret@127.0.0.1:1/app", connect_timeout=3)
-    with pytest.raises(StorageUnavailable) as excinfo:
-        await store.open()
-    message = str(excinfo.value)
-    assert "127.0.0.1:1/app" in message and "s3cret" not in message
-    with pytest.raises(StorageUnavailable, match="not open"):
-        await store.get("x")
-
-
-async def test_a_wrong_password_says_what_to_check_without_showing_it(mysql_database: str):
-    url = mysql_url_for(mysql_database).replace(":taskmill@", ":WrongPassword@", 1)
-    if ":WrongPassword@" not in url:
-        pytest.skip("the test server URL has no password to change")
-    with pytest.raises(StorageUnavailable) as excinfo:
-        await MySQLStorage.from_url(url).open()
-    message = str(excinfo.value)
-    assert "WrongPassword" not in message
-    assert "password" in message and "user taskmill" in message
-
-
-async def _set_version(database: str, version: int) -> None:
-    conn = await raw()
-    try:
-        async with conn.cursor() as cursor:
-            await cursor.execute(
-                f"UPDATE `{database}`.taskmill_meta SET `value` = %s WHERE `key` = %s",
-                (str(version), "schema_version"),
-            )
-    finally:
-        conn.close()
-
-
-async def test_an_older_schema_is_refused_with_the_migrate_command(
-    mysql_url: str, mysql_database: str
-):
-    store = MySQLStorage.from_url(mysql_url)
-    await store.open()
-    (task,) = await store.enqueue([new_task()])
-    await store.close()
-    await _set_version(mysql_database, 0)
-    with pytest.raises(SchemaVersionError) as excinfo:
-        await MySQLStorage.from_url(mysql_url).open()
-    message = str(excinfo.value)
-    assert f"taskmill migrate --url {redact(mysql_url)}" in message
-    assert ":taskmill@" not in message
-    assert await store.migrate() == latest_version()
-    await store.open()
-    try:
-        assert await store.get(task.id) == task  # nothing was lost
-    finally:
-        await store.close()
-
-
-async def test_a_newer_schema_is_refused_with_upgrade_advice(mysql_url: str, mysql_database: str):
-    store = MySQLStorage.from_url(mysql_url)
-    await store.open()
-    await store.close()
-    await _set_version(mysql_database, latest_version() + 1)
-    for attempt in (store.open(), store.migrate()):
-        with pytest.raises(SchemaVersionError, match="pip install --upgrade taskmill-mysql"):
-            await attempt
-
-
-async def test_another_applications_database_is_left_untouched(mysql_url: str, mysql_database: str):
-    await fetch(f"CREATE DATABASE `{mysql_database}`")
-    await fetch(f"CREATE TABLE `{mysql_database}`.invoices (id INT)")
-    store = MySQLStorage.from_url(mysql_url)
-    for attempt in (store.open(), store.migrate()):
-        with pytest.raises(StorageUnavailable, match="not a taskmill database"):
-            await attempt
-    tables = await fetch(
-        "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
-        mysql_database,
-    )
-    assert tables == [("invoices",)]
 
 
 async def test_migrate_is_idempotent_and_keeps_tasks(mysql_url: str):

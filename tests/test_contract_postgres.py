@@ -1,13 +1,13 @@
-"""The storage contract on ``postgresql://``, plus what only PostgreSQL must do: URLs and
-options, an unreachable server, versioned migrations, the claim statement and its
+"""The storage and deployment contracts on ``postgresql://``, plus what only PostgreSQL
+must do: options, a statement timeout, versioned migrations, the claim statement and its
 index, dedupe and the event log under concurrency, and LISTEN/NOTIFY."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import sys
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 
@@ -16,7 +16,7 @@ import pytest
 from attrs import evolve
 from taskmill.cursors import position_token
 from taskmill.discovery import storage_for_url
-from taskmill.errors import InvalidTaskSpec, InvalidURL, SchemaVersionError, StorageUnavailable
+from taskmill.errors import InvalidTaskSpec, StorageUnavailable
 from taskmill.model import (
     AttemptOutcome,
     SuspensionScope,
@@ -31,6 +31,8 @@ from taskmill.storage import (
     utcnow,
 )
 from taskmill.testing import (
+    BadURL,
+    DeploymentContract,
     Place,
     SchemaMigrations,
     StorageContract,
@@ -42,7 +44,6 @@ from taskmill.testing import claim as claim_request
 from taskmill.testing import finish as finish_of
 from taskmill_postgres import PostgresChangeListener, PostgresStorage, latest_version
 from taskmill_postgres import schema as pg_schema
-from taskmill_postgres.options import redact
 
 from tests.conftest import POSTGRES_URL, drop_schema, new_schema_name
 from tests.process_support import run_together
@@ -100,6 +101,91 @@ class TestPostgresStorage(StorageContract):
         migrations = PostgresMigrations()
         yield migrations
         migrations.drop()
+
+
+class TestPostgresDeployment(DeploymentContract):
+    """Every deployment scenario, on a schema of the test server of each test's own."""
+
+    storage_class = PostgresStorage
+    distribution = "taskmill-postgres"
+    unreachable_options = {"connect_timeout": 3}
+    unique_violation = (asyncpg.exceptions.UniqueViolationError, "tasks_dedupe_leader")
+    bad_urls = [
+        BadURL("postgresql://h/db?bogus=1", "valid options are: schema"),
+        BadURL("postgresql://app:s3cret@h/db?bogus=1", "valid options are: schema"),
+        BadURL("postgresql://h/db", "unknown postgresql:// option", {"busy_timeout": 3}),
+        BadURL("postgresql://h/db?schema=1abc", "plain identifier"),
+        BadURL("postgresql://h/db", "plain identifier", {"schema": "pg_temp"}),
+        BadURL("postgresql://h/db", "plain identifier", {"schema": 'a"; drop'}),
+        BadURL("postgresql://h/db?pool_max_size=0", "whole number >= 1"),
+        BadURL("postgresql://h/db?pool_min_size=5&pool_max_size=2", "larger than"),
+        BadURL("postgresql://h/db?statement_timeout=soon", "number of seconds"),
+        BadURL("postgresql://h:99999/db", "malformed"),
+        BadURL("mysql://h/db", "not a PostgreSQL URL"),
+    ]
+
+    @pytest.fixture
+    def deployment_url(self, postgres_url: str) -> str:
+        return postgres_url
+
+    def unreachable_url(self) -> str:
+        return "postgresql://app:s3cret@127.0.0.1:1/app"
+
+    async def set_schema_version(self, url: str, version: int) -> None:
+        schema = PostgresStorage.from_url(url).schema
+        conn = await raw()
+        try:
+            await conn.execute(
+                f'UPDATE "{schema}".taskmill_meta SET value = $1 WHERE key = $2',
+                str(version),
+                "schema_version",
+            )
+        finally:
+            await conn.close()
+
+    async def footprint(self, url: str) -> object:
+        """Every table of the schema with a digest of all its rows."""
+        schema = PostgresStorage.from_url(url).schema
+        conn = await raw()
+        try:
+            return {
+                table: await conn.fetchval(
+                    "SELECT md5(coalesce(string_agg(t::text, E'\\n' ORDER BY t::text), ''))"
+                    f' FROM "{schema}"."{table}" AS t'
+                )
+                for table in await pg_schema.schema_tables(conn, schema)
+            }
+        finally:
+            await conn.close()
+
+    async def plant_foreign_data(self, url: str) -> str:
+        schema = PostgresStorage.from_url(url).schema
+        conn = await raw()
+        try:
+            await conn.execute(f'CREATE SCHEMA "{schema}"')
+            await conn.execute(f'CREATE TABLE "{schema}".invoices (id int)')
+            await conn.execute(f'INSERT INTO "{schema}".invoices VALUES (1), (2)')
+        finally:
+            await conn.close()
+        return "invoices"
+
+    async def insert_active_task(
+        self, storage: TaskStorage, leader: Task, *, dedupe_key: str
+    ) -> None:
+        assert isinstance(storage, PostgresStorage)
+        conn = await raw()
+        try:
+            await conn.execute(
+                f"INSERT INTO {storage.sql.quoted}.tasks (id, task_type, status, created_at,"
+                " run_at, updated_at, app_id, params, priority, max_retries, dedupe_key)"
+                " VALUES ($1, $2, 'pending', now(), now(), now(), $3, '{}', 0, 0, $4)",
+                str(uuid.uuid4()),
+                leader.task_type,
+                leader.app_id,
+                dedupe_key,
+            )
+        finally:
+            await conn.close()
 
 
 async def test_the_schema_has_the_tables_and_the_two_functions_the_statements_use(
@@ -162,56 +248,6 @@ def test_options_from_the_query_string_and_keywords():
     assert keyword_wins.schema == "b"
     default = PostgresStorage.from_url("postgres://h/db")
     assert default.schema == "taskmill" and default.options.statement_timeout == 0
-
-
-@pytest.mark.parametrize(
-    ("url", "options", "message"),
-    [
-        ("postgresql://h/db?bogus=1", {}, "valid options are: schema"),
-        ("postgresql://h/db", {"busy_timeout": 3}, "unknown postgresql:// option"),
-        ("postgresql://h/db?schema=1abc", {}, "plain identifier"),
-        ("postgresql://h/db", {"schema": "pg_temp"}, "plain identifier"),
-        ("postgresql://h/db", {"schema": 'a"; drop'}, "plain identifier"),
-        ("postgresql://h/db?pool_max_size=0", {}, "whole number >= 1"),
-        ("postgresql://h/db?pool_min_size=5&pool_max_size=2", {}, "larger than"),
-        ("postgresql://h/db?statement_timeout=soon", {}, "number of seconds"),
-        ("postgresql://h:99999/db", {}, "malformed"),
-        ("mysql://h/db", {}, "not a PostgreSQL URL"),
-    ],
-)
-def test_bad_urls_and_options_are_invalid(url: str, options: dict, message: str):
-    with pytest.raises(InvalidURL, match=message):
-        PostgresStorage.from_url(url, **options)
-
-
-def test_the_password_never_shows():
-    store = PostgresStorage.from_url("postgresql://app:s3cret@db:5432/app")
-    assert "s3cret" not in repr(store)
-    assert "s3cret" not in store.where
-    with pytest.raises(InvalidURL) as excinfo:
-        PostgresStorage.from_url("postgresql://app:s3cret@db:5432/app?nope=1")
-    assert "s3cret" not in str(excinfo.value)
-
-
-async def test_an_unreachable_server_is_unavailable_naming_host_and_port():
-    store = PostgresStorage.from_url("postgresql://app:s3cret@127.0.0.1:1/app", connect_timeout=3)
-    with pytest.raises(StorageUnavailable) as excinfo:  # were it to hang, the timeout ends it
-        await store.open()
-    message = str(excinfo.value)
-    assert "127.0.0.1:1/app" in message and "s3cret" not in message
-    with pytest.raises(StorageUnavailable, match="not open"):
-        await store.get("x")
-
-
-async def test_a_wrong_password_is_unavailable_without_showing_it(postgres_schema: str):
-    url = POSTGRES_URL.replace("taskmill:taskmill@", "taskmill:WrongPassword@", 1)
-    if url == POSTGRES_URL:
-        pytest.skip("the test server URL has no password to change")
-    store = PostgresStorage.from_url(url, schema=postgres_schema)
-    with pytest.raises(StorageUnavailable) as excinfo:
-        await store.open()
-    assert "WrongPassword" not in str(excinfo.value)
-    assert "password" in str(excinfo.value)
 
 
 async def test_a_statement_timeout_is_reported_as_unavailable(postgres_url: str):
@@ -299,77 +335,6 @@ async def test_migrate_creates_the_schema_and_is_idempotent(postgres_url: str):
         await store.close()
 
 
-async def _set_version(store: PostgresStorage, version: int) -> None:
-    conn = await raw()
-    try:
-        await conn.execute(
-            f'UPDATE "{store.schema}".taskmill_meta SET value = $1 WHERE key = $2',
-            str(version),
-            "schema_version",
-        )
-    finally:
-        await conn.close()
-
-
-async def test_an_older_schema_is_refused_with_the_migrate_command(postgres_url: str):
-    store = PostgresStorage.from_url(postgres_url)
-    await store.open()
-    (task,) = await store.enqueue([new_task()])
-    await store.close()
-    await _set_version(store, 0)
-    with pytest.raises(SchemaVersionError) as excinfo:
-        await PostgresStorage.from_url(postgres_url).open()
-    await _set_version(store, latest_version())
-    await store.open()
-    assert await store.get(task.id) == task  # nothing was touched
-    await store.close()
-    message = str(excinfo.value)
-    assert f"taskmill migrate --url {redact(postgres_url)}" in message
-    assert f"expects version {latest_version()}" in message
-
-
-async def test_the_migrate_command_in_the_message_hides_the_password(postgres_url: str):
-    store = PostgresStorage.from_url(postgres_url)
-    await store.open()
-    await store.close()
-    await _set_version(store, 0)
-    with pytest.raises(SchemaVersionError) as excinfo:
-        await PostgresStorage.from_url(postgres_url).open()
-    if ":taskmill@" in postgres_url:
-        assert ":taskmill@" not in str(excinfo.value)
-        assert ":***@" in str(excinfo.value)
-
-
-async def test_a_newer_schema_is_refused_with_upgrade_advice(postgres_url: str):
-    store = PostgresStorage.from_url(postgres_url)
-    await store.open()
-    await store.close()
-    await _set_version(store, latest_version() + 1)
-    for attempt in (store.open(), store.migrate()):
-        with pytest.raises(SchemaVersionError, match="pip install --upgrade taskmill-postgres"):
-            await attempt
-
-
-async def test_auto_migrate_and_migrate_bring_an_older_schema_up(postgres_url: str):
-    store = PostgresStorage.from_url(postgres_url)
-    await store.open()
-    (task,) = await store.enqueue([new_task()])
-    await store.close()
-    for bring_up in ("auto_migrate", "migrate"):
-        await _set_version(store, 0)
-        with pytest.raises(SchemaVersionError, match="taskmill migrate"):
-            await store.open()
-        if bring_up == "migrate":
-            assert await store.migrate() == latest_version()
-            await store.open()
-        else:
-            await store.open(auto_migrate=True)
-        try:
-            assert await store.get(task.id) == task
-        finally:
-            await store.close()
-
-
 async def test_the_indexed_key_columns_compare_bytewise(store: PostgresStorage):
     """Schema 6: the text columns of ``tasks`` that an index holds take the "C"
     collation (memcmp instead of strcoll in every btree descent). That keys differing
@@ -389,21 +354,6 @@ async def test_the_indexed_key_columns_compare_bytewise(store: PostgresStorage):
     assert {k: collations[k] for k in keys} == dict.fromkeys(keys, "C")
 
 
-async def test_another_applications_schema_is_left_untouched(postgres_url: str):
-    store = PostgresStorage.from_url(postgres_url)
-    conn = await raw()
-    try:
-        await conn.execute(f'CREATE SCHEMA "{store.schema}"')
-        await conn.execute(f'CREATE TABLE "{store.schema}".invoices (id int)')
-        for attempt in (store.open(), store.migrate()):
-            with pytest.raises(StorageUnavailable, match="not a taskmill schema"):
-                await attempt
-        tables = await pg_schema.schema_tables(conn, store.schema)
-        assert tables == ["invoices"]
-    finally:
-        await conn.close()
-
-
 async def test_schemas_of_one_database_are_separate_stores(postgres_url: str):
     second = new_schema_name()
     a = PostgresStorage.from_url(postgres_url)
@@ -420,42 +370,6 @@ async def test_schemas_of_one_database_are_separate_stores(postgres_url: str):
         await a.close()
         await b.close()
         drop_schema(second)
-
-
-_CLAIMER = """
-import asyncio, json, os, sys
-from taskmill_postgres import PostgresStorage
-from taskmill.storage import ClaimRequest
-
-async def main():
-    store = PostgresStorage.from_url(sys.argv[1])
-    await store.open()
-    worker = f"p{os.getpid()}"
-    request = ClaimRequest(worker_id=worker, handlers={(None, "job"): None},
-                           limit=5, lease_seconds=60)
-    sys.stdout.write("ready\\n"); sys.stdout.flush()
-    sys.stdin.readline()
-    got = []
-    while batch := await store.claim_batch(request):
-        got += [t.id for t in batch]
-    await store.close()
-    print(json.dumps([worker, got]))
-
-asyncio.run(main())
-"""
-
-
-@pytest.mark.slow
-async def test_worker_processes_never_claim_the_same_task(store: PostgresStorage):
-    expected = {t.id for t in await store.enqueue([new_task() for _ in range(900)])}
-    outputs = await asyncio.to_thread(run_together, _CLAIMER, store.url, processes=3)
-    claimed = [json.loads(out) for out in outputs]
-    ids = [i for _, got in claimed for i in got]
-    assert len(ids) == len(set(ids)) == 900
-    assert set(ids) == expected
-    owner = {t.id: t.worker_id for t in await store.query(TaskFilter(), limit=1000)}
-    for worker, got in claimed:
-        assert {owner[i] for i in got} <= {worker}
 
 
 async def test_large_batches_are_one_statement_each(store: PostgresStorage):
@@ -583,21 +497,6 @@ async def test_a_finish_stalled_mid_write_is_neither_waited_for_nor_rescued(
 
 
 # -- dedupe ------------------------------------------------------------------------------
-
-
-async def test_the_database_itself_refuses_a_second_active_leader(store: PostgresStorage):
-    (leader,) = await store.enqueue([new_task("t", app_id="a", dedupe_key="k")])
-    conn = await raw()
-    try:
-        with pytest.raises(asyncpg.exceptions.UniqueViolationError, match="tasks_dedupe_leader"):
-            await conn.execute(
-                f"INSERT INTO {store.sql.quoted}.tasks (id, task_type, status, created_at,"
-                " run_at, updated_at, app_id, params, priority, max_retries, dedupe_key)"
-                " VALUES ('x', 't', 'pending', now(), now(), now(), 'a', '{}', 0, 0, 'k')"
-            )
-    finally:
-        await conn.close()
-    assert leader.alias_of is None
 
 
 _ENQUEUER = """

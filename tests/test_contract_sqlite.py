@@ -1,13 +1,14 @@
-"""The storage contract on ``sqlite:///``, plus what only a file-backed store must do."""
+"""The storage and deployment contracts on ``sqlite:///``, plus what only a file-backed
+store must do."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import json
 import os
 import sqlite3
-import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -17,9 +18,18 @@ import pytest
 from taskmill.backends.sqlite import SQLiteStorage, claim_statement, schema
 from taskmill.backends.sqlite.schema import migrations, statements
 from taskmill.discovery import storage_for_url
-from taskmill.errors import InvalidURL, StorageUnavailable
+from taskmill.errors import StorageUnavailable
+from taskmill.model import Task
 from taskmill.storage import ClaimRequest, TaskStorage, utcnow
-from taskmill.testing import Place, SchemaMigrations, StorageContract, new_task, wait_until
+from taskmill.testing import (
+    BadURL,
+    DeploymentContract,
+    Place,
+    SchemaMigrations,
+    StorageContract,
+    new_task,
+    wait_until,
+)
 from taskmill.testing import claim as claim_request
 from taskmill.testing import finish as finish_of
 
@@ -93,6 +103,67 @@ class TestSQLiteStorage(StorageContract):
         return SQLiteMigrations(tmp_path)
 
 
+def path_of(url: str) -> Path:
+    return Path(SQLiteStorage.from_url(url).path)
+
+
+class TestSQLiteDeployment(DeploymentContract):
+    """Every deployment scenario that a file can meet, on a file of each test's own."""
+
+    storage_class = SQLiteStorage
+    distribution = "taskmill"
+    not_applicable = {
+        "server": "a sqlite:/// store is a file: there is no server to reach, no password"
+    }
+    unique_violation = (sqlite3.IntegrityError, "tasks_dedupe_leader")
+    bad_urls = [
+        BadURL("sqlite://", "sqlite:////absolute/path.db"),
+        BadURL("sqlite:///", "sqlite:///relative/path.db"),
+        BadURL("sqlite://host/tasks.db", "no host"),
+        BadURL("sqlite:///:memory:", "memory://"),
+        BadURL("sqlite:///t.db?bogus=1", "busy_timeout"),
+        BadURL("sqlite:///t.db", "valid options are: busy_timeout", {"pool_size": 3}),
+        BadURL("sqlite:///t.db?busy_timeout=soon", "number of seconds"),
+        BadURL("sqlite:///t.db", "number of seconds", {"busy_timeout": -1}),
+        BadURL("sqlite:///t.db?synchronous=sometimes", "NORMAL"),
+    ]
+
+    @pytest.fixture
+    def deployment_url(self, tmp_path: Path) -> str:
+        return url_of(tmp_path / "tasks.db")
+
+    async def set_schema_version(self, url: str, version: int) -> None:
+        with contextlib.closing(sqlite3.connect(path_of(url))) as conn, conn:
+            conn.execute(
+                "UPDATE taskmill_meta SET value = ? WHERE key = 'schema_version'", (str(version),)
+            )
+
+    async def footprint(self, url: str) -> object:
+        """The file's bytes, and the names of the files beside it (no -wal, -shm or
+        journal file appears)."""
+        path = path_of(url)
+        digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None
+        return digest, sorted(p.name for p in path.parent.iterdir())
+
+    async def plant_foreign_data(self, url: str) -> str:
+        with contextlib.closing(sqlite3.connect(path_of(url))) as conn, conn:
+            conn.execute("CREATE TABLE users (name TEXT)")
+            conn.execute("INSERT INTO users VALUES ('alice')")
+        return "users"
+
+    async def insert_active_task(
+        self, storage: TaskStorage, leader: Task, *, dedupe_key: str
+    ) -> None:
+        assert isinstance(storage, SQLiteStorage)
+        with contextlib.closing(raw(storage)) as conn:
+            conn.execute(
+                "INSERT INTO tasks (id, task_type, status, created_at, run_at, updated_at,"
+                " app_id, params, priority, max_retries, dedupe_key)"
+                " VALUES (?, ?, 'pending', 0, 0, 0, ?, '{}', 0, 0, ?)",
+                (str(uuid.uuid4()), leader.task_type, leader.app_id, dedupe_key),
+            )
+
+
 @pytest.fixture
 async def store(tmp_path: Path) -> AsyncIterator[SQLiteStorage]:
     s = SQLiteStorage.from_url(url_of(tmp_path / "tasks.db"))
@@ -135,25 +206,6 @@ def test_options_from_the_query_string_and_keywords(tmp_path: Path):
     assert SQLiteStorage.from_url(url_of(tmp_path / "t.db")).busy_timeout == 30.0
 
 
-@pytest.mark.parametrize(
-    ("url", "options", "message"),
-    [
-        ("sqlite://", {}, "sqlite:////absolute/path.db"),
-        ("sqlite:///", {}, "sqlite:///relative/path.db"),
-        ("sqlite://host/tasks.db", {}, "no host"),
-        ("sqlite:///:memory:", {}, "memory://"),
-        ("sqlite:///t.db?bogus=1", {}, "busy_timeout"),
-        ("sqlite:///t.db", {"pool_size": 3}, "valid options are: busy_timeout"),
-        ("sqlite:///t.db?busy_timeout=soon", {}, "number of seconds"),
-        ("sqlite:///t.db", {"busy_timeout": -1}, "number of seconds"),
-        ("sqlite:///t.db?synchronous=sometimes", {}, "NORMAL"),
-    ],
-)
-def test_bad_urls_and_options_are_invalid(url: str, options: dict, message: str):
-    with pytest.raises(InvalidURL, match=message):
-        SQLiteStorage.from_url(url, **options)
-
-
 async def test_the_database_runs_in_wal_mode_with_integer_timestamps(store: SQLiteStorage):
     (task,) = await store.enqueue([new_task(run_at=utcnow() + timedelta(seconds=1))])
     with raw(store) as conn:
@@ -167,89 +219,6 @@ async def test_the_database_runs_in_wal_mode_with_integer_timestamps(store: SQLi
         timedelta(microseconds=1)
     )
     assert json.loads(row[3]) == task.params
-
-
-# -- several processes on one file ------------------------------------------------------
-
-
-_CLAIMER = """
-import asyncio, json, sys
-from taskmill.backends.sqlite import SQLiteStorage
-from taskmill.storage import ClaimRequest
-
-async def main():
-    store = SQLiteStorage.from_url(sys.argv[1])
-    await store.open()
-    request = ClaimRequest(worker_id=sys.argv[2], handlers={(None, "job"): None},
-                           limit=5, lease_seconds=60)
-    sys.stdout.write("ready\\n"); sys.stdout.flush()
-    sys.stdin.readline()
-    got = []
-    while batch := await store.claim_batch(request):
-        got += [t.id for t in batch]
-    await store.close()
-    print(json.dumps(got))
-
-asyncio.run(main())
-"""
-
-
-def _run_claimers(url: str, workers: list[str]) -> list[list[str]]:
-    """Start one claiming process per worker id, release them together, and return
-    what each claimed."""
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", _CLAIMER, url, worker],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for worker in workers
-    ]
-    try:
-        for proc in procs:  # every process is connected before any claims
-            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        outputs = [proc.communicate(timeout=120)[0] for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    assert [proc.returncode for proc in procs] == [0] * len(procs)
-    return [json.loads(out.strip().splitlines()[-1]) for out in outputs]
-
-
-@pytest.mark.slow
-def test_worker_processes_never_claim_the_same_task(tmp_path: Path):
-    url = url_of(tmp_path / "procs.db")
-
-    async def setup() -> set[str]:
-        store = SQLiteStorage.from_url(url)
-        await store.open()
-        try:
-            return {t.id for t in await store.enqueue([new_task() for _ in range(600)])}
-        finally:
-            await store.close()
-
-    async def owners(ids: list[str]) -> list[str | None]:
-        store = SQLiteStorage.from_url(url)
-        await store.open()
-        try:
-            return [t.worker_id if (t := await store.get(i)) else None for i in ids]
-        finally:
-            await store.close()
-
-    expected = asyncio.run(setup())
-    claimed = _run_claimers(url, ["p0", "p1", "p2"])
-    ids = [i for got in claimed for i in got]
-    assert len(ids) == len(set(ids)) == 600
-    assert set(ids) == expected
-    for i, got in enumerate(claimed):
-        assert asyncio.run(owners(got)) == [f"p{i}"] * len(got)
 
 
 # -- the claim statement ------------------------------------------------------------------
@@ -300,21 +269,6 @@ async def test_the_lookups_by_id_lease_and_finish_time_use_indexes(store: SQLite
             conn, "SELECT id FROM tasks WHERE finished_at < ? AND status IN ('completed')", [0]
         )
         assert "tasks_parent" in _plan(conn, "SELECT id FROM tasks WHERE parent_id = ?", ["p"])
-
-
-# -- dedupe ---------------------------------------------------------------------------------
-
-
-async def test_the_database_itself_refuses_a_second_active_leader(store: SQLiteStorage):
-    (leader,) = await store.enqueue([new_task("t", app_id="a", dedupe_key="k")])
-    with raw(store) as conn, pytest.raises(sqlite3.IntegrityError):
-        conn.execute(
-            "INSERT INTO tasks (id, task_type, status, created_at, run_at, updated_at, app_id, "
-            "params, priority, max_retries, dedupe_key) "
-            "VALUES (?, 't', 'pending', 0, 0, 0, 'a', '{}', 0, 0, 'k')",
-            (str(uuid.uuid4()),),
-        )
-    assert leader.alias_of is None
 
 
 # -- reading and retention ------------------------------------------------------------------

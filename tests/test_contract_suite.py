@@ -19,16 +19,31 @@ import taskmill.testing
 from taskmill.backends.memory import MemoryStorage
 from taskmill.backends.sqlite import SQLiteStorage
 from taskmill.storage import StorageCapabilities, TaskStorage
-from taskmill.testing import StorageContract, requires
+from taskmill.testing import (
+    SCENARIOS,
+    DeploymentContract,
+    DeploymentHooks,
+    Scenario,
+    StorageContract,
+    requires,
+)
 from taskmill.testing.capabilities import CAPABILITIES, required_capabilities
 from taskmill_mongo import MongoStorage
 from taskmill_mysql import MySQLStorage
 from taskmill_postgres import PostgresStorage
 
+from tests import (
+    test_contract_memory,
+    test_contract_mongo,
+    test_contract_mysql,
+    test_contract_postgres,
+    test_contract_sqlite,
+)
+
 DOCS = Path(__file__).parent.parent / "docs" / "backends.md"
 
 
-def _suite_tests() -> dict[str, str]:
+def _all_suite_tests() -> dict[str, str]:
     """Every contract test defined in a module of taskmill.testing, by name: its module."""
     found: dict[str, str] = {}
     for info in pkgutil.iter_modules(taskmill.testing.__path__):
@@ -43,6 +58,15 @@ def _suite_tests() -> dict[str, str]:
     return found
 
 
+def _suite_tests() -> dict[str, str]:
+    """The tests of StorageContract's topic modules: every module but deployment."""
+    return {name: module for name, module in _all_suite_tests().items() if module != "deployment"}
+
+
+def _deployment_tests() -> set[str]:
+    return {name for name, module in _all_suite_tests().items() if module == "deployment"}
+
+
 def test_storage_contract_carries_every_test_of_every_topic_module():
     tests = _suite_tests()
     assert len(tests) >= 100
@@ -51,6 +75,64 @@ def test_storage_contract_carries_every_test_of_every_topic_module():
     assert {"claims", "finish", "dedupe", "control", "events", "migrations", "concurrency"} <= set(
         tests.values()
     )
+
+
+def test_deployment_contract_carries_every_deployment_test_each_of_one_scenario():
+    tests = _deployment_tests()
+    assert len(tests) >= 10
+    assert [name for name in tests if not hasattr(DeploymentContract, name)] == []
+    scenarios = {getattr(DeploymentContract, name).__taskmill_scenario__ for name in tests}
+    assert scenarios == set(SCENARIOS)
+    assert not set(tests) & {name for name in dir(StorageContract) if name.startswith("test_")}
+
+
+def test_a_scenario_declared_not_applicable_must_be_a_known_one():
+    with pytest.raises(TypeError, match="unknown scenarios sever; known: schema_versions"):
+
+        class Typo(DeploymentContract):
+            not_applicable = {"sever": "no server"}  # type: ignore[dict-item]
+
+
+@pytest.mark.parametrize(
+    ("module", "backend"),
+    [
+        (test_contract_memory, MemoryStorage),
+        (test_contract_sqlite, SQLiteStorage),
+        (test_contract_postgres, PostgresStorage),
+        (test_contract_mysql, MySQLStorage),
+        (test_contract_mongo, MongoStorage),
+    ],
+    ids=["memory", "sqlite", "postgres", "mysql", "mongo"],
+)
+def test_every_first_party_backend_runs_every_deployment_scenario(
+    module: object, backend: type[TaskStorage]
+):
+    """One DeploymentContract class per backend, with each scenario either given its
+    hooks or declared not applicable (a declared scenario's tests skip, naming why)."""
+    (deployment,) = [
+        cls
+        for _, cls in inspect.getmembers(module, inspect.isclass)
+        if issubclass(cls, DeploymentContract) and cls is not DeploymentContract
+    ]
+    assert deployment.storage_class is backend
+    hooks: dict[Scenario, tuple[str, ...]] = {
+        "schema_versions": ("set_schema_version", "footprint", "distribution"),
+        "foreign_data": ("plant_foreign_data", "footprint"),
+        "server": ("unreachable_url",),
+        "urls": ("bad_urls",),
+        "worker_processes": (),
+        "store_enforced_dedupe": ("insert_active_task", "unique_violation"),
+    }
+    assert set(hooks) == set(SCENARIOS)
+    for scenario, names in hooks.items():
+        if scenario in deployment.not_applicable:
+            assert deployment.not_applicable[scenario], scenario  # a reason, not ""
+            continue
+        for name in names:
+            given = getattr(deployment, name, None)
+            assert given is not None and given is not getattr(DeploymentHooks, name, None), (
+                f"{deployment.__name__} neither gives {name} nor declares {scenario}"
+            )
 
 
 def test_requires_names_capabilities_that_exist():
@@ -76,7 +158,7 @@ _THIRD_PARTY = '''
 import pytest
 from taskmill.backends.memory import MemoryStorage
 from taskmill.storage import StorageCapabilities
-from taskmill.testing import StorageContract
+from taskmill.testing import SCENARIOS, DeploymentContract, StorageContract
 
 
 class ForgetfulStorage(MemoryStorage):
@@ -112,6 +194,20 @@ class TestForgetful(StorageContract):
 
 class TestBoastful(StorageContract):
     storage = fixture_for(BoastfulStorage)
+
+
+class TestUndeclaredDeployment(DeploymentContract):
+    """Gives no hook and declares nothing not applicable."""
+
+    storage_class = ForgetfulStorage
+
+    @pytest.fixture
+    def deployment_url(self):
+        return "memory://"
+
+
+class TestDeclaredDeployment(TestUndeclaredDeployment):
+    not_applicable = {name: f"{name} is not for a memory store" for name in SCENARIOS}
 '''
 
 
@@ -137,7 +233,8 @@ def third_party_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple
             # All of the one; of the other, two tests that race two store objects
             # (the rest would wait out their deadlines on stores that share nothing).
             "-k",
-            "TestForgetful or (TestBoastful and (one_leader or never_claim_the_same))",
+            "TestForgetful or (TestBoastful and (one_leader or never_claim_the_same))"
+            " or Deployment",
             f"--junitxml={report}",
             "--rootdir",
             str(directory),
@@ -201,6 +298,44 @@ def test_a_store_that_claims_a_capability_it_lacks_fails_the_tests_that_need_it(
         "test_two_store_objects_never_claim_the_same_task",
     }
     assert failed <= needs_sharing
+
+
+def test_a_deployment_scenario_either_runs_or_is_declared_not_applicable(third_party_run):
+    """Declared: every test skips, naming the scenario and the reason. Undeclared: every
+    test that needs a hook fails asking for it; none passes or skips on its own but the
+    race of worker processes, which the store's capabilities skip."""
+    declared = {
+        _base(k): v for k, v in third_party_run.items() if k.startswith("TestDeclaredDeployment::")
+    }
+    assert set(declared) == _deployment_tests()
+    for name, (outcome, message) in declared.items():
+        scenario = getattr(DeploymentContract, name).__taskmill_scenario__
+        assert outcome == "skipped", name
+        assert message == (
+            f"TestDeclaredDeployment declares {scenario} not applicable: "
+            f"{scenario} is not for a memory store"
+        )
+    undeclared = {
+        _base(k): v
+        for k, v in third_party_run.items()
+        if k.startswith("TestUndeclaredDeployment::")
+    }
+    assert set(undeclared) == _deployment_tests()
+    not_failed = {name: v for name, v in undeclared.items() if v[0] != "failed"}
+    assert not_failed == {
+        "test_worker_processes_never_claim_the_same_task": (
+            "skipped",
+            "ForgetfulStorage declares it lacks shared_between_processes "
+            "(StorageCapabilities), which this test needs",
+        ),
+        "test_a_wrong_password_is_unavailable_without_showing_it": (
+            "skipped",
+            "the test server's URL has no password to change",
+        ),
+    }
+    for name, (_, message) in undeclared.items():
+        if name not in not_failed:
+            assert "TestUndeclaredDeployment gives no `" in message, (name, message)
 
 
 def _documented_gaps() -> dict[str, set[str]]:

@@ -1,5 +1,7 @@
 """The SQLite backend's versioned schema: creation, migration, and refusing what is not
-ours or not our version, without ever damaging what is stored."""
+ours, without ever damaging what is stored. A schema of an older or a newer version
+and another application's database are the shared deployment contract's
+(``TestSQLiteDeployment`` in test_contract_sqlite.py)."""
 
 from __future__ import annotations
 
@@ -40,15 +42,6 @@ def stored_version(path: Path) -> str:
             "SELECT value FROM taskmill_meta WHERE key = 'schema_version'"
         ).fetchone()
     return str(value)
-
-
-def set_version(path: Path, version: int) -> None:
-    conn = sqlite3.connect(path)
-    with conn:
-        conn.execute(
-            "UPDATE taskmill_meta SET value = ? WHERE key = 'schema_version'", (str(version),)
-        )
-    conn.close()
 
 
 def digest(path: Path) -> str:
@@ -242,62 +235,6 @@ async def test_a_version_1_database_migrates_to_the_current_schema_with_its_task
         await store.close()
 
 
-# -- version mismatches ---------------------------------------------------------------------
-
-
-async def test_an_older_schema_is_refused_with_the_migrate_command(tmp_path: Path):
-    path = tmp_path / "old.db"
-    stored = await make_store(path)
-    set_version(path, 0)
-    before = digest(path)
-    url = url_of(path)
-    store = SQLiteStorage.from_url(url)
-    with pytest.raises(SchemaVersionError) as excinfo:
-        await store.open()
-    message = str(excinfo.value)
-    assert f"taskmill migrate --url {url}" in message
-    assert "version 0" in message and f"version {latest_version()}" in message
-    assert digest(path) == before, "a refused open must not write"
-    with pytest.raises(StorageUnavailable, match="not open"):
-        await store.get(stored[0][0])
-    set_version(path, latest_version())
-    assert await read_back(path) == stored
-
-
-async def test_auto_migrate_and_migrate_bring_an_older_schema_up(tmp_path: Path):
-    path = tmp_path / "old.db"
-    stored = await make_store(path)
-    set_version(path, 0)
-    store = SQLiteStorage.from_url(url_of(path))
-    await store.open(auto_migrate=True)
-    assert [(t.id, t.params) for t in await store.query(TaskFilter())] == stored
-    await store.close()
-    assert stored_version(path) == str(latest_version())
-
-    set_version(path, 0)
-    assert await SQLiteStorage.from_url(url_of(path)).migrate() == latest_version()
-    assert await read_back(path) == stored
-
-
-async def test_a_newer_schema_is_refused_with_upgrade_advice(tmp_path: Path):
-    path = tmp_path / "new.db"
-    stored = await make_store(path)
-    newer = latest_version() + 1
-    set_version(path, newer)
-    before = digest(path)
-    store = SQLiteStorage.from_url(url_of(path))
-    with pytest.raises(SchemaVersionError, match="upgrade taskmill") as excinfo:
-        await store.open()
-    assert f"version {newer}" in str(excinfo.value)
-    with pytest.raises(SchemaVersionError, match="upgrade taskmill"):
-        await store.open(auto_migrate=True)
-    with pytest.raises(SchemaVersionError, match="upgrade taskmill"):
-        await store.migrate()
-    assert digest(path) == before
-    set_version(path, latest_version())
-    assert await read_back(path) == stored
-
-
 # -- files that are not ours ------------------------------------------------------------------
 
 
@@ -329,24 +266,6 @@ async def test_a_damaged_file_with_a_sqlite_header_is_left_untouched(tmp_path: P
     with pytest.raises(StorageUnavailable, match=str(path)):
         await SQLiteStorage.from_url(url_of(path)).open()
     assert digest(path) == before
-
-
-async def test_another_applications_sqlite_database_is_left_untouched(tmp_path: Path):
-    path = tmp_path / "app.db"
-    conn = sqlite3.connect(path)
-    with conn:
-        conn.execute("CREATE TABLE users (name TEXT)")
-        conn.execute("INSERT INTO users VALUES ('alice')")
-    conn.close()
-    before = digest(path)
-    listing = siblings(path)
-    store = SQLiteStorage.from_url(url_of(path))
-    for attempt in (store.open(), store.open(auto_migrate=True), store.migrate()):
-        with pytest.raises(StorageUnavailable, match="not a taskmill one") as excinfo:
-            await attempt
-        assert "users" in str(excinfo.value)
-    assert digest(path) == before
-    assert siblings(path) == listing
 
 
 async def test_a_missing_directory_is_unavailable_and_not_created(tmp_path: Path):

@@ -35,6 +35,15 @@ Two more fixtures have defaults a backend may override (:class:`StoreFixtures`):
 - ``schema_migrations`` returns a :class:`SchemaMigrations` for a backend with
   versioned SQL migrations (default None: those tests are skipped, saying so).
 
+A second class, :class:`DeploymentContract` (:mod:`~taskmill.testing.deployment`),
+proves how the store meets the place it is deployed in: schemas of older and newer
+releases refused and left as they were, another application's data never touched, an
+unreachable server and a wrong password reported without the password, bad URLs
+refused, worker processes never sharing a task, and the database itself refusing a
+second active dedupe leader. Its hooks (:class:`DeploymentHooks`) reach behind the
+store's back; a scenario that does not apply is named in ``not_applicable`` with the
+reason, and its tests skip saying so.
+
 The tests need pytest-asyncio. A test that needs a capability some stores lack is
 marked ``@requires(name)``; on a backend whose ``capabilities``
 (:class:`~taskmill.storage.StorageCapabilities`) declares it lacks that capability the
@@ -52,6 +61,19 @@ from taskmill.testing.concurrency import ConcurrencyContract
 from taskmill.testing.control import ControlContract
 from taskmill.testing.dedupe import DedupeContract
 from taskmill.testing.dependencies import DependencyContract
+from taskmill.testing.deployment import (
+    SCENARIOS,
+    BadURL,
+    DeploymentContract,
+    DeploymentHooks,
+    ForeignDataContract,
+    Scenario,
+    SchemaVersionContract,
+    ServerContract,
+    StoreEnforcedDedupeContract,
+    URLContract,
+    WorkerProcessContract,
+)
 from taskmill.testing.edges import EdgeContract
 from taskmill.testing.events import EventContract
 from taskmill.testing.finish import FinishContract
@@ -67,10 +89,21 @@ from taskmill.testing.task_ids import TaskIdContract
 from taskmill.testing.tasks import TaskContract
 
 __all__ = [
+    "SCENARIOS",
+    "BadURL",
+    "DeploymentContract",
+    "DeploymentHooks",
+    "ForeignDataContract",
     "Place",
+    "Scenario",
     "SchemaMigrations",
+    "SchemaVersionContract",
+    "ServerContract",
     "StorageContract",
     "StorageFactory",
+    "StoreEnforcedDedupeContract",
+    "URLContract",
+    "WorkerProcessContract",
     "claim",
     "finish",
     "lease_of",
