@@ -28,7 +28,7 @@ from taskmill.lifecycle import (
     RESCUES,
 )
 from taskmill.model import TaskFilter
-from taskmill.sql.filters import Dialect, SQLFilter, translate
+from taskmill.sql.filters import Dialect, SQLFilter, suspended_sql, translate
 from taskmill.sql.lifecycle import Sources, literal, set_clause
 from taskmill.sql.rows import ATTEMPT_COLUMN_NAMES, TASK_COLUMN_NAMES, fence_clause
 from taskmill.storage import FinishKind
@@ -285,10 +285,8 @@ def claim_select(app_key: bool, excluded: int, min_priority: bool) -> str:
     )
 
 
-NEXT_RUN: Final = (
-    "SELECT MIN(run_at) FROM tasks WHERE claim_type = %s{app} AND NOT EXISTS (SELECT 1 FROM "
-    "suspensions s WHERE (s.task_type IS NULL OR s.task_type = tasks.task_type) "
-    "AND (s.app_id IS NULL OR s.app_id <=> tasks.app_id))"
+NEXT_RUN: Final = "SELECT MIN(run_at) FROM tasks WHERE claim_type = %s{app} AND NOT " + (
+    suspended_sql("suspensions", "tasks.task_type", "tasks.app_id", same="<=>")
 )
 
 # -- control and the event log ------------------------------------------------------

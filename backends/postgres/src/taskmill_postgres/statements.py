@@ -38,7 +38,7 @@ from taskmill.lifecycle import (
     RescueCase,
 )
 from taskmill.model import TaskFilter
-from taskmill.sql.filters import Dialect, translate
+from taskmill.sql.filters import Dialect, suspended_sql, translate
 from taskmill.sql.lifecycle import (
     PROGRESS_COLUMNS,
     Sources,
@@ -370,10 +370,7 @@ class Statements:
         when it was planned."""
 
         # -- leases -------------------------------------------------------------------------
-        suspended = (
-            f"EXISTS (SELECT 1 FROM {s}.suspensions AS s WHERE (s.task_type IS NULL OR"
-            " s.task_type = t.task_type) AND (s.app_id IS NULL OR s.app_id = t.app_id))"
-        )
+        suspended = suspended_sql(f"{s}.suspensions", "t.task_type", "t.app_id")
         stop_request = f"coalesce(t.cancel_reason, CASE WHEN {suspended} THEN 'suspended' END)"
         leases = batch("$1::text[], $2::text[], $3::integer[]", "id, worker_id, attempt")
         held = f"SELECT t.id, {stop_request} FROM v JOIN {s}.tasks AS t ON {FENCE}"

@@ -16,7 +16,7 @@ import attrs
 from taskmill.filters import Condition, Op, conditions
 from taskmill.model import TaskFilter
 
-__all__ = ["COLUMN_TYPES", "Dialect", "SQLFilter", "page_sql", "translate"]
+__all__ = ["COLUMN_TYPES", "Dialect", "SQLFilter", "page_sql", "suspended_sql", "translate"]
 
 COLUMN_TYPES: Final = {"created_at": "timestamptz"}
 """The SQL type of each filtered column that is not ``text``."""
@@ -128,3 +128,18 @@ def page_sql(
         f"LIMIT {place(len(args) - 1, 'bigint')} OFFSET {place(len(args), 'bigint')}"
     )
     return text, args
+
+
+def suspended_sql(
+    suspensions: str, task_type: str, app_id: str, *, same: str = "=", scope: str = "s"
+) -> str:
+    """:meth:`taskmill.model.SuspensionScope.covers` in SQL: whether a row of the table
+    ``suspensions`` covers a task of type ``task_type`` and app ``app_id`` (SQL
+    expressions). ``same`` is the dialect's comparison of the app ids (null-safe where
+    the task's may be NULL: ``IS`` in SQLite, ``<=>`` in MySQL); a suspension's NULL
+    field covers every value."""
+    return (
+        f"EXISTS (SELECT 1 FROM {suspensions} AS {scope} WHERE ({scope}.task_type IS NULL"
+        f" OR {scope}.task_type = {task_type}) AND ({scope}.app_id IS NULL"
+        f" OR {scope}.app_id {same} {app_id}))"
+    )

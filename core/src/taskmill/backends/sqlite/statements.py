@@ -28,7 +28,7 @@ from taskmill.lifecycle import (
     RescueCase,
 )
 from taskmill.model import SuspensionScope, TaskFilter
-from taskmill.sql.filters import Dialect, SQLFilter, translate
+from taskmill.sql.filters import Dialect, SQLFilter, suspended_sql, translate
 from taskmill.sql.lifecycle import Sources, literal, set_clause
 from taskmill.sql.rows import ATTEMPT_COLUMN_NAMES, TASK_COLUMN_NAMES, fence_clause
 from taskmill.storage import ClaimRequest, FinishKind
@@ -304,10 +304,8 @@ def claim_statement(
     return _claim_sql(tuple(shape), min_priority is not None), params
 
 
-_NOT_SUSPENDED: Final = (
-    " AND NOT EXISTS (SELECT 1 FROM suspensions s"
-    " WHERE (s.task_type IS NULL OR s.task_type = tasks.task_type)"
-    " AND (s.app_id IS NULL OR s.app_id IS tasks.app_id))"
+_NOT_SUSPENDED: Final = " AND NOT " + suspended_sql(
+    "suspensions", "tasks.task_type", "tasks.app_id", same="IS"
 )
 NEXT_HOST: Final = (
     f"SELECT min(run_at) FROM tasks WHERE {CLAIMABLE} AND task_type = ?{_NOT_SUSPENDED}"
