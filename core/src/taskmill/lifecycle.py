@@ -731,6 +731,20 @@ def unknown_dependency(dependency: str, app_id: str | None, other: str | None) -
     )
 
 
+def check_dependencies(tasks: Iterable[NewTask], app_of: Mapping[str, str | None]) -> None:
+    """Refuse, before anything is written, a dependency of ``tasks`` that is not stored
+    or is another app's task; ``app_of`` holds the app id of each stored dependency.
+
+    :raises InvalidTaskSpec: :func:`unknown_dependency`'s.
+    """
+    for new in tasks:
+        for dependency in new.after:
+            if dependency not in app_of:
+                raise unknown_dependency(dependency, new.app_id, None)
+            if app_of[dependency] != new.app_id:
+                raise unknown_dependency(dependency, new.app_id, app_of[dependency])
+
+
 def finish_rounds(finishes: Sequence[Finish]) -> list[list[int]]:
     """The positions of ``finishes`` in rounds of distinct task ids, in call order: a
     task named twice in one ``finish_batch`` call has its second finish in the next

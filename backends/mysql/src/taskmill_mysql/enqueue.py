@@ -17,11 +17,11 @@ from typing import Any, Final
 
 from taskmill.lifecycle import (
     DEPENDENCY_CANCELLATION,
+    check_dependencies,
     dependency_blocks,
     dependency_error,
     enqueued,
     split_taken,
-    unknown_dependency,
 )
 from taskmill.model import EventKind, Task
 from taskmill.settlement import Settlement
@@ -49,12 +49,7 @@ async def _dependencies(s: Session, tasks: Sequence[NewTask]) -> dict[str, tuple
     for chunk in chunks(wanted):
         for task_id, status, app_id in await s.fetchall(sql.lock_dependencies(len(chunk)), chunk):
             found[task_id] = (status, app_id)
-    for new in tasks:
-        for dependency in new.after:
-            if dependency not in found:
-                raise unknown_dependency(dependency, new.app_id, None)
-            if found[dependency][1] != new.app_id:
-                raise unknown_dependency(dependency, new.app_id, found[dependency][1])
+    check_dependencies(tasks, {task_id: app_id for task_id, (_, app_id) in found.items()})
     return found
 
 

@@ -21,11 +21,11 @@ import asyncpg
 from taskmill.errors import DuplicateTaskId, StorageUnavailable
 from taskmill.lifecycle import (
     CANCELLATION,
+    check_dependencies,
     dependency_blocks,
     dependency_error,
     enqueued_batch,
     split_taken,
-    unknown_dependency,
 )
 from taskmill.model import Task
 from taskmill.storage import NewTask
@@ -178,14 +178,11 @@ class Enqueue:
         """
         wanted = list(dict.fromkeys(d for new in tasks for d in new.after))
         found = {r[0]: (r[1], r[2]) for r in await conn.fetch(self.sql.lock_dependencies, wanted)}
+        check_dependencies(tasks, {task_id: app_id for task_id, (_, app_id) in found.items()})
         blocked: dict[int, str] = {}
         for index, new in enumerate(tasks):
             for dependency in new.after:
-                if dependency not in found:
-                    raise unknown_dependency(dependency, new.app_id, None)
-                status, app_id = found[dependency]
-                if app_id != new.app_id:
-                    raise unknown_dependency(dependency, new.app_id, app_id)
+                status = found[dependency][0]
                 blocks = dependency_blocks(rows.STATUS[status], new.after_always)
                 if blocks is None:
                     waiting[index] += 1

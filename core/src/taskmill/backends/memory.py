@@ -32,6 +32,7 @@ from taskmill.lifecycle import (
     RESCUES,
     TransitionPlan,
     cancel_targets,
+    check_dependencies,
     check_redrive,
     dependency_blocks,
     dependency_error,
@@ -43,7 +44,6 @@ from taskmill.lifecycle import (
     settle_alias,
     settles_aliases,
     split_taken,
-    unknown_dependency,
 )
 from taskmill.limiting import InProcessLedger, limit_claim, spend_claimed
 from taskmill.limits import Bucket
@@ -190,13 +190,8 @@ class MemoryStorage(TaskStorage):
         fresh, known = split_taken(
             tasks, {t.id: self._tasks[t.id] for t in tasks if t.id in self._tasks}
         )
-        for new in fresh:
-            for dependency in new.after:
-                found = self._tasks.get(dependency)
-                if found is None or found.app_id != new.app_id:
-                    raise unknown_dependency(
-                        dependency, new.app_id, None if found is None else found.app_id
-                    )
+        wanted = {d for new in fresh for d in new.after}
+        check_dependencies(fresh, {d: t.app_id for d in wanted if (t := self._tasks.get(d))})
         ledger = _MemoryLedger(self, now_ts)
         settlement = Settlement(ledger)
         blocked: list[tuple[str, Task]] = []  # (task, the dependency that cancels it)

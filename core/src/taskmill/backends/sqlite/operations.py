@@ -47,6 +47,7 @@ from taskmill.lifecycle import (
     RESCUES,
     Transition,
     cancel_targets,
+    check_dependencies,
     check_redrive,
     dependency_blocks,
     dependency_error,
@@ -56,7 +57,6 @@ from taskmill.lifecycle import (
     key_taken,
     rescue_case,
     split_taken,
-    unknown_dependency,
 )
 from taskmill.limiting import limit_claim, spend_claimed
 from taskmill.limits import Bucket, scope_of
@@ -136,12 +136,7 @@ def _dependencies(
     for chunk in chunks(wanted):
         for task_id, status, app_id in conn.execute(sql.dependencies_sql(len(chunk)), chunk):
             found[task_id] = (status, app_id)
-    for new in tasks:
-        for dependency in new.after:
-            if dependency not in found:
-                raise unknown_dependency(dependency, new.app_id, None)
-            if found[dependency][1] != new.app_id:
-                raise unknown_dependency(dependency, new.app_id, found[dependency][1])
+    check_dependencies(tasks, {task_id: app_id for task_id, (_, app_id) in found.items()})
     return found
 
 
