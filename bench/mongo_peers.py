@@ -674,9 +674,10 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def code_under_test(label: str) -> dict[str, Any]:
-    """The label, the taskmill-mongo source this process imported and the commit of the
-    checkout this script is in (a before/after pair runs the same script twice)."""
-    import taskmill_mongo.storage
+    """The label, the taskmill-mongo package this process imported (its directory: the
+    store is split over the package's modules) and the commit of the checkout this
+    script is in (a before/after pair runs the same script twice)."""
+    import taskmill_mongo
 
     try:
         commit = subprocess.run(
@@ -690,7 +691,7 @@ def code_under_test(label: str) -> dict[str, Any]:
         commit = None
     return {
         "label": label,
-        "taskmill_mongo_source": taskmill_mongo.storage.__file__,
+        "taskmill_mongo_source": str(Path(taskmill_mongo.__file__).parent),
         "commit": commit,
     }
 

@@ -201,7 +201,7 @@ async def test_migrate_upgrades_a_version_1_database_keeping_its_tasks(
         await client.close()
     with pytest.raises(SchemaVersionError, match="taskmill migrate"):
         await MongoStorage.from_url(mongo_url).open()
-    assert await store.migrate() == SCHEMA_VERSION == 2
+    assert await store.migrate() == SCHEMA_VERSION == 3
     await store.open()
     try:
         assert [await store.get(t.id) for t in old] == old

@@ -3,8 +3,11 @@ the request's caps, the suspensions and the global limits.
 
 - Candidate documents are read in claim order (priority DESC, insertion ASC) from the
   claim index, picked in Python with the host/app handler rule, the caps and the
-  suspensions, then stamped RUNNING with one ``update_many`` (and read back by its
-  claim token when another worker took some picks meanwhile).
+  suspensions, then stamped RUNNING with one ``update_many``; the claimed tasks are the
+  documents read with that stamp applied, with no read-back. A concurrent claim of a
+  pick aborts one of the two transactions on MongoDB (a write conflict) and cannot
+  happen under ``serialize_writes``; an ``update_many`` that stamped fewer than the picks
+  anyway runs the claim again (:class:`~taskmill_mongo.transactions.Raced`).
 - **Global limits**: a claim first writes the ``buckets`` document of each limited key
   (so two claims of one key conflict, as a row lock would serialize them), then reads
   its tokens, counts the key's RUNNING tasks and cuts its caps
@@ -13,10 +16,9 @@ the request's caps, the suspensions and the global limits.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping, Sequence
 
-from pymongo import ASCENDING, DESCENDING
+from pymongo import ASCENDING, DESCENDING, ReturnDocument
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.database import AsyncDatabase
 from taskmill.limits import Bucket, limited_caps, locked_keys, refill, scope_of, spend, taken_by_key
@@ -43,7 +45,7 @@ async def claim_batch(conn: Connection, request: ClaimRequest, types: Sequence[s
         handlers = request.handlers
         tokens: dict[HandlerKey, float] = {}
         if request.limits:
-            handlers, tokens = await _limited(db, s, request, now)
+            handlers, tokens = await _limited(db, s, request, now, conn.options.serialize_writes)
             if not any(cap != 0 for cap in handlers.values()):
                 raise Nothing([])
         suspended = [
@@ -104,26 +106,16 @@ async def claim_batch(conn: Connection, request: ClaimRequest, types: Sequence[s
             "started_at": now,
             "updated_at": now,
             "lease_expires_at": now + int(request.lease_seconds * 1_000_000),
-            "claim_token": uuid.uuid4().hex,
         }
         result = await db.tasks.update_many(
             {"_id": {"$in": [d["_id"] for d in picked]}, "status": PENDING, WAITING: None},
             {"$set": stamp, "$inc": {"attempts": 1}},
             session=s,
         )
-        if not result.modified_count:
-            raise Raced  # every pick was claimed by another worker since it was read
-        if result.modified_count == len(picked):
-            # All ours: what the update wrote, applied to what was read.
-            claimed = [task({**d, **stamp, "attempts": d["attempts"] + 1}) for d in picked]
-        else:
-            # Read back by the token: the picks another worker took meanwhile are
-            # not ours (on MongoDB such a race aborts the transaction instead).
-            docs = {
-                d["_id"]: d
-                async for d in db.tasks.find({"claim_token": stamp["claim_token"]}, session=s)
-            }
-            claimed = [task(docs[d["_id"]]) for d in picked if d["_id"] in docs]
+        if result.modified_count != len(picked):
+            raise Raced  # another claim took a pick since it was read
+        # What the update wrote, applied to what was read.
+        claimed = [task({**d, **stamp, "attempts": d["attempts"] + 1}) for d in picked]
         if tokens:
             await _spend(db, s, tokens, handlers, claimed, now)
         writes = Writes()
@@ -136,7 +128,11 @@ async def claim_batch(conn: Connection, request: ClaimRequest, types: Sequence[s
 
 
 async def _limited(
-    db: AsyncDatabase[Doc], s: AsyncClientSession, request: ClaimRequest, now: int
+    db: AsyncDatabase[Doc],
+    s: AsyncClientSession,
+    request: ClaimRequest,
+    now: int,
+    serialize_writes: bool,
 ) -> tuple[dict[HandlerKey, int | None], dict[HandlerKey, float]]:
     """The request's caps cut by its global limits (:mod:`taskmill.limits`), and the
     refilled tokens of its rate-limited keys, inside claim transaction ``s``.
@@ -152,26 +148,7 @@ async def _limited(
     running: dict[HandlerKey, int] = {}
     for key in locked_keys(request.handlers, request.limits):
         scope, task_type = scope_of(key), key[1]
-        # update_one then find_one: nx-27017 (the test stand-in) ignores
-        # $setOnInsert in an upserting find_one_and_update.
-        bucket_id = dumps([scope, task_type])
-        await db.buckets.update_one(
-            {"_id": bucket_id},
-            {
-                "$inc": {"claims": 1},
-                # Empty as of the epoch: refilled to full by its first claim.
-                "$setOnInsert": {
-                    "scope": scope,
-                    "task_type": task_type,
-                    "tokens": 0.0,
-                    "updated_at": 0.0,
-                },
-            },
-            upsert=True,
-            session=s,
-        )
-        bucket = await db.buckets.find_one({"_id": bucket_id}, session=s)
-        assert bucket is not None
+        bucket = await _write_bucket(db, s, scope, task_type, split=serialize_writes)
         limit = request.limits[key]
         if limit.rate is not None:
             stored = Bucket(float(bucket["tokens"]), float(bucket["updated_at"]))
@@ -188,6 +165,32 @@ async def _limited(
             running[key] = await db.tasks.count_documents(query, session=s)
     caps = limited_caps(request.handlers, request.limits, tokens=tokens, running=running)
     return caps, tokens
+
+
+async def _write_bucket(
+    db: AsyncDatabase[Doc], s: AsyncClientSession, scope: str, task_type: str, *, split: bool
+) -> Doc:
+    """Write the bucket of ``(scope, task_type)`` (``$inc`` of ``claims``), created
+    empty when missing; the bucket as written. One ``find_one_and_update``; with
+    ``split`` (``serialize_writes``) an ``update_one`` and a ``find_one``, since
+    nx-27017 (the test stand-in) ignores ``$setOnInsert`` in an upserting
+    ``find_one_and_update``."""
+    bucket_id = dumps([scope, task_type])
+    selector: Doc = {"_id": bucket_id}
+    change: Doc = {
+        "$inc": {"claims": 1},
+        # Empty as of the epoch: refilled to full by its first claim.
+        "$setOnInsert": {"scope": scope, "task_type": task_type, "tokens": 0.0, "updated_at": 0.0},
+    }
+    if not split:
+        written = await db.buckets.find_one_and_update(
+            selector, change, upsert=True, return_document=ReturnDocument.AFTER, session=s
+        )
+    else:
+        await db.buckets.update_one(selector, change, upsert=True, session=s)
+        written = await db.buckets.find_one(selector, session=s)
+    assert written is not None
+    return written
 
 
 async def _spend(

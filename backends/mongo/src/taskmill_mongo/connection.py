@@ -10,12 +10,17 @@ as measured at ``open``, and the driver's errors as taskmill's.
   :class:`~taskmill.errors.InvalidParams`.
 - Any other driver error is :class:`~taskmill.errors.StorageUnavailable`, naming the
   server without its password.
+- **The fault seam** (:attr:`Connection.fault`): the transaction runner calls it at each
+  :class:`Stage`, so a test can raise a driver error carrying an error label there
+  (``TransientTransactionError``, ``UnknownTransactionCommitResult``), the write-conflict
+  paths that no server reachable in tests produces. None (nothing called) otherwise.
 """
 
 from __future__ import annotations
 
+import enum
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Final, TypeVar
 
@@ -26,12 +31,12 @@ from pymongo.errors import BulkWriteError, DocumentTooLarge, OperationFailure, P
 from taskmill.errors import InvalidParams, StorageUnavailable, TaskmillError
 from taskmill.storage import wall_clock
 
-from taskmill_mongo.documents import value_ceiling
+from taskmill_mongo.documents import EventKey, value_ceiling
 from taskmill_mongo.options import MongoOptions, redact
 from taskmill_mongo.schema import Doc
 from taskmill_mongo.writer_lock import WriterLock
 
-__all__ = ["Connection"]
+__all__ = ["Connection", "Stage"]
 
 T = TypeVar("T")
 
@@ -54,6 +59,15 @@ def _too_large_error(code: int | None, message: str) -> bool:
     return code in _TOO_LARGE or (code == 2 and "too large" in message)
 
 
+class Stage(enum.Enum):
+    """Where the transaction runner calls :attr:`Connection.fault`."""
+
+    BODY = "body"
+    """The body ran: its writes are made and not committed."""
+    COMMIT = "commit"
+    """Before each attempt to commit (a retried commit too)."""
+
+
 class Connection:
     """The database one store uses once open, its clock, and its error mapping."""
 
@@ -67,6 +81,13 @@ class Connection:
         self.max_document = MAX_BSON_SIZE
         self.writer_lock = WriterLock(options.url, options.connect_timeout, self.now)
         """Taken around every operation when ``options.serialize_writes``."""
+        self.fault: Callable[[Stage], None] | None = None
+        """The fault seam: called by the transaction runner at each :class:`Stage`
+        (see the module docstring)."""
+        self.events_closed: EventKey | None = None
+        """The newest event key this store made every shard's writers pass (so that a
+        later read up to it need not do it again; see
+        :func:`~taskmill_mongo.transactions.read_events`)."""
 
     def new_client(self) -> AsyncMongoClient[Doc]:
         """A client of this store's URL and connect timeout (not connected yet)."""

@@ -10,6 +10,9 @@ index on it makes two leaders of one key impossible, whatever the processes race
 
 One document holds a whole task, so the server's largest document (``maxBsonObjectSize``,
 16 MiB on MongoDB) bounds the JSON values a task keeps: :func:`value_ceiling`.
+
+An event document's ``_id`` is its place in the event log, an :class:`EventKey` written
+as the cursor token readers get back (:meth:`EventKey.token`).
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, Final
 
+import attrs
+from taskmill.cursors import POSITION_DIGITS, position_token, token_position
 from taskmill.model import CancelReason, Progress, Task, TaskStatus
 from taskmill.serialization import dumps, loads
 
 __all__ = [
     "MARGIN",
+    "EventKey",
     "from_micros",
     "leader_key",
     "micros",
@@ -72,6 +78,69 @@ def leader_key(app_id: str | None, task_type: str, dedupe_key: str) -> str:
     """The value of ``leader_key`` for a leader of ``(app_id, task_type, dedupe_key)``
     (a JSON array, so no choice of the three strings can collide with another)."""
     return dumps([app_id, task_type, dedupe_key])
+
+
+_STAMP_DIGITS: Final = 20
+_SHARD_DIGITS: Final = 2
+_KEYED: Final = "1"
+"""The first character of a keyed token: after every position token (which starts
+with ``0``), so a cursor kept from before keys were stamped sorts before them all."""
+_TOKEN_LENGTH: Final = len(_KEYED) + _STAMP_DIGITS + _SHARD_DIGITS + POSITION_DIGITS
+
+
+@attrs.frozen(order=True)
+class EventKey:
+    """An event's place in the event log, ordered as ``(stamp, shard, position)``.
+
+    ``position`` is the event's place in its shard's counter (commit order within the
+    shard); ``stamp`` is a time of the writing transaction, at least the stamp of the
+    shard's previous events (see :mod:`taskmill_mongo.transactions`). Stamp 0 is the
+    log written before events were stamped (``_id`` the integer position, all in shard
+    0), which precedes every stamped event.
+    """
+
+    stamp: int = attrs.field(validator=attrs.validators.ge(0))
+    shard: int = attrs.field(validator=attrs.validators.ge(0))
+    position: int = attrs.field(validator=attrs.validators.ge(0))
+
+    @property
+    def stamped(self) -> bool:
+        return self.stamp > 0
+
+    def token(self) -> str:
+        """The cursor token of this place: fixed width, so that tokens compare with
+        ``<`` as keys do; an unstamped key is a plain
+        :func:`~taskmill.cursors.position_token`."""
+        if not self.stamped:
+            return position_token(self.position)
+        return (
+            f"{_KEYED}{self.stamp:0{_STAMP_DIGITS}d}{self.shard:0{_SHARD_DIGITS}d}"
+            f"{self.position:0{POSITION_DIGITS}d}"
+        )
+
+    def document_id(self) -> str | int:
+        """The ``_id`` of the event at this place (an unstamped one's is its position)."""
+        return self.token() if self.stamped else self.position
+
+    @classmethod
+    def from_token(cls, token: str) -> EventKey:
+        """The key :meth:`token` wrote as ``token``.
+
+        :raises InvalidCursor: for any string :meth:`token` does not write.
+        """
+        if len(token) == _TOKEN_LENGTH and token.startswith(_KEYED):
+            digits = token[len(_KEYED) :]
+            stamp = int(digits[:_STAMP_DIGITS]) if digits.isascii() and digits.isdigit() else 0
+            if stamp > 0:
+                shard = int(digits[_STAMP_DIGITS : _STAMP_DIGITS + _SHARD_DIGITS])
+                return cls(stamp, shard, int(digits[_STAMP_DIGITS + _SHARD_DIGITS :]))
+        # A position token, or (any other string) InvalidCursor with the store's message.
+        return cls(0, 0, token_position(token))
+
+    @classmethod
+    def from_document_id(cls, value: str | int) -> EventKey:
+        """The key of the event whose ``_id`` is ``value``."""
+        return cls(0, 0, value) if isinstance(value, int) else cls.from_token(value)
 
 
 def task_document(task: Task, seq: int) -> dict[str, Any]:

@@ -143,52 +143,93 @@ async def check_leases(
     conn: Connection, leases: Sequence[Lease], lease_seconds: float | None
 ) -> dict[str, CancelReason | None]:
     """For each of ``leases`` (not empty) that still holds, why its task should stop
-    (None: it should not); with ``lease_seconds``, those leases are renewed first."""
+    (None: it should not); with ``lease_seconds``, those leases are renewed first.
+
+    Two round trips on MongoDB (one without a renewal): the fenced ``update_many``,
+    then one aggregation that reads the leased tasks and, through ``$unionWith``, the
+    suspensions. With ``serialize_writes`` the tasks and the suspensions are two finds:
+    nx-27017 (the test stand-in) runs an aggregation's ``$match`` in Python over the
+    whole collection."""
+    ids = list(dict.fromkeys(lease.task_id for lease in leases))
+    fenced = {(lease.task_id, RUNNING, lease.worker_id, lease.attempt) for lease in leases}
 
     async def run() -> dict[str, CancelReason | None]:
         db = conn.database()
-        # The ids first: searched on _id (the stand-in scans the collection for an
-        # $or alone), the fences then checked on those documents.
-        ids = list(dict.fromkeys(lease.task_id for lease in leases))
-        fences = {"_id": {"$in": ids}, "$or": [_fence(lease) for lease in leases]}
         if lease_seconds is not None:
             until = await conn.now() + int(lease_seconds * 1_000_000)
-            await db.tasks.update_many(fences, {"$set": {"lease_expires_at": until}})
-        # Read by _id alone and the same fences checked here: a find with the $or
-        # makes nx-27017 (the test stand-in) filter every document of the
-        # collection in Python, whatever the _id $in beside it (explain: SCAN
-        # tasks; 3-9 s per lease check with 200,000 finished tasks, every other
-        # command waiting). On MongoDB both are the same _id index lookup. (Its
-        # update_many above is searched on _id by the stand-in.)
-        fields = {"cancel_reason": 1, "app_id": 1, "task_type": 1}
-        fenced = {(lease.task_id, RUNNING, lease.worker_id, lease.attempt) for lease in leases}
-        held = {
-            d["_id"]: d
-            async for d in db.tasks.find(
-                {"_id": {"$in": ids}}, {**fields, "status": 1, "worker_id": 1, "attempts": 1}
+            # Searched on _id, the fences then checked on those documents (the
+            # stand-in scans the collection for an $or alone).
+            await db.tasks.update_many(
+                {"_id": {"$in": ids}, "$or": [_fence(lease) for lease in leases]},
+                {"$set": {"lease_expires_at": until}},
             )
-            if (d["_id"], d["status"], d["worker_id"], d["attempts"]) in fenced
-        }
-        suspended = (
-            [
-                SuspensionScope(task_type=d["task_type"], app_id=d["app_id"])
-                async for d in db.suspensions.find({})
-            ]
-            if held
-            else []
-        )
+        if conn.options.serialize_writes:
+            tasks, suspended = await _leased_apart(db, ids)
+        else:
+            tasks, suspended = await _leased_together(db, ids)
         answer: dict[str, CancelReason | None] = {}
-        for task_id, doc in held.items():
+        for doc in tasks:
+            if (doc["_id"], doc["status"], doc["worker_id"], doc["attempts"]) not in fenced:
+                continue
             reason = doc["cancel_reason"]
             if reason is not None:
-                answer[task_id] = CancelReason(reason)
+                answer[doc["_id"]] = CancelReason(reason)
             elif any(sc.covers(doc["app_id"], doc["task_type"]) for sc in suspended):
-                answer[task_id] = CancelReason.SUSPENDED
+                answer[doc["_id"]] = CancelReason.SUSPENDED
             else:
-                answer[task_id] = None
+                answer[doc["_id"]] = None
         return answer
 
     return await read(conn, run())
+
+
+_LEASED: Final = {
+    "status": 1,
+    "worker_id": 1,
+    "attempts": 1,
+    "cancel_reason": 1,
+    "app_id": 1,
+    "task_type": 1,
+}
+"""The fields of a leased task that a lease check reads: its fence and why it stops."""
+
+
+async def _leased_together(
+    db: AsyncDatabase[Doc], ids: list[str]
+) -> tuple[list[Doc], list[SuspensionScope]]:
+    """The leased tasks and the suspensions, in one aggregation."""
+    marked: Doc = {"_id": 0, "suspension": {"$literal": True}, "task_type": 1, "app_id": 1}
+    pipeline: list[Doc] = [
+        {"$match": {"_id": {"$in": ids}}},
+        {"$project": _LEASED},
+        {"$unionWith": {"coll": "suspensions", "pipeline": [{"$project": marked}]}},
+    ]
+    tasks: list[Doc] = []
+    suspended: list[SuspensionScope] = []
+    async for doc in await db.tasks.aggregate(pipeline):
+        if doc.get("suspension") is True:
+            suspended.append(SuspensionScope(task_type=doc["task_type"], app_id=doc["app_id"]))
+        else:
+            tasks.append(doc)
+    return tasks, suspended
+
+
+async def _leased_apart(
+    db: AsyncDatabase[Doc], ids: list[str]
+) -> tuple[list[Doc], list[SuspensionScope]]:
+    """The leased tasks, then (when any is found) the suspensions: two finds. By
+    ``_id $in`` alone: with the fences' ``$or`` the stand-in filters every document of
+    the collection in Python (3-9 s a check at 200,000 finished tasks)."""
+    tasks = await db.tasks.find({"_id": {"$in": ids}}, _LEASED).to_list()
+    suspended = (
+        [
+            SuspensionScope(task_type=d["task_type"], app_id=d["app_id"])
+            async for d in db.suspensions.find({})
+        ]
+        if tasks
+        else []
+    )
+    return tasks, suspended
 
 
 async def save_progress(conn: Connection, updates: Sequence[ProgressUpdate]) -> set[str]:

@@ -36,7 +36,15 @@ class MongoOptions:
     """Run one transaction at a time across every process (a lock document taken
     before each). Only for servers whose concurrent transactions are not isolated from
     each other, as nx-27017's (one SQLite connection per database) are not; MongoDB
-    does not need it. Also ``?serializeWrites=true`` in the URL."""
+    does not need it. Also ``?serializeWrites=true`` in the URL.
+
+    The one switch for every workaround of the stand-in, none of which runs without it:
+    the :mod:`~taskmill_mongo.writer_lock` around each transaction and read; a write
+    that opens each transaction (the stand-in starts one only on a write); events
+    stamped with the lock's turn (the stand-in reports no cluster time); a rate
+    bucket upserted and read in two commands (it ignores ``$setOnInsert`` in an
+    upserting ``find_one_and_update``); and a lease check that reads tasks and
+    suspensions with two finds instead of one aggregation."""
     driver_url: str = ""
     """The URL passed to the driver (taskmill's query options removed)."""
 

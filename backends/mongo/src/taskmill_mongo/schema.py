@@ -9,11 +9,12 @@ collections and no taskmill version is refused, never modified.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import Any, Final
 
 from pymongo import ASCENDING, DESCENDING, IndexModel
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import CollectionInvalid, DuplicateKeyError, OperationFailure
+from pymongo.errors import BulkWriteError, CollectionInvalid, DuplicateKeyError, OperationFailure
 from taskmill.errors import SchemaVersionError, StorageUnavailable
 
 from taskmill_mongo.options import redact
@@ -24,19 +25,22 @@ __all__ = [
     "DEPENDENCY_INDEXES",
     "DEPENDENTS",
     "EVENT_INDEXES",
+    "EVENT_SHARDS",
     "SCHEMA_VERSION",
+    "SHARDS",
     "TASK_INDEXES",
     "WAITING",
     "Doc",
     "change_streams_offered",
     "check_version",
     "create",
+    "create_counters",
     "stored_version",
 ]
 
 Doc = dict[str, Any]
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 """The version of the collections and indexes this code creates (``taskmill_meta``).
 
 1. ``tasks``, ``attempts``, ``events``, ``counters``, ``suspensions``, ``handlers``.
@@ -44,7 +48,24 @@ SCHEMA_VERSION: Final = 2
    ``dependents``, absent when 0) and global limits (collection ``buckets``). Version 1
    data needs no rewrite: a task without the new fields waits for nothing and has no
    dependents, so ``migrate`` only creates the new indexes.
+
+3. The event shards (:data:`SHARDS`): events numbered by one of 16 counters, keyed by
+   a stamp, a shard and a position (:class:`~taskmill_mongo.documents.EventKey`), so that
+   no single document serializes every writer (docs/backends.md). No rewrite either: an
+   event written before keeps its integer ``_id`` (its position in the ``events``
+   counter, now shard 0) and is read before every later event; ``migrate`` creates the
+   shard documents. The version makes a process of an older release refuse the database
+   rather than number events from the ``events`` counter alone, which the others would
+   read before their own.
 """
+
+EVENT_SHARDS: Final = 16
+"""How many counter documents events take their positions from: a transaction that
+records events picks one at random, so concurrent writers rarely write the same one."""
+SHARDS: Final = tuple("events" if k == 0 else f"events.{k}" for k in range(EVENT_SHARDS))
+"""The ``counters`` documents of the event shards (``value``: positions taken,
+``stamp``: the stamp of the newest events; see :mod:`taskmill_mongo.transactions`);
+shard 0 is the ``events`` counter that numbered the log before it was sharded."""
 
 COLLECTIONS: Final = (
     "tasks",
@@ -81,6 +102,8 @@ TASK_INDEXES: Final = [
     IndexModel([("status", ASCENDING), ("finished_at", ASCENDING)], name="retention"),
     IndexModel([("parent_id", ASCENDING), ("seq", ASCENDING)], name="children"),
     IndexModel([("alias_of", ASCENDING), ("seq", ASCENDING)], name="aliases"),
+    # Unused since claims stopped writing claim tokens; kept so that every version-2
+    # database has the same indexes.
     IndexModel([("claim_token", ASCENDING)], name="claim_token", sparse=True),
 ]
 ATTEMPT_INDEXES: Final = [
@@ -167,11 +190,7 @@ async def create(db: AsyncDatabase[Doc]) -> None:
             except OperationFailure as exc:
                 if exc.code != 48:  # NamespaceExists: created meanwhile
                     raise
-    for counter in ("tasks", "events"):
-        with contextlib.suppress(DuplicateKeyError):  # another process inserted it first
-            await db.counters.update_one(
-                {"_id": counter}, {"$setOnInsert": {"value": 0}}, upsert=True
-            )
+    await create_counters(db, ("tasks", *SHARDS))
     # DuplicateKeyError: recorded (at this version or newer) by another process meanwhile.
     with contextlib.suppress(DuplicateKeyError):
         await db.taskmill_meta.update_one(
@@ -179,3 +198,17 @@ async def create(db: AsyncDatabase[Doc]) -> None:
             {"$set": {"version": SCHEMA_VERSION}},
             upsert=True,
         )
+
+
+async def create_counters(db: AsyncDatabase[Doc], names: Sequence[str]) -> None:
+    """Create the ``counters`` documents of ``names`` that do not exist yet, at 0, in
+    one round trip (those another process created meanwhile are left as they are)."""
+    existing = {d["_id"] async for d in db.counters.find({"_id": {"$in": list(names)}}, {"_id": 1})}
+    missing = [{"_id": name, "value": 0} for name in names if name not in existing]
+    if not missing:
+        return
+    try:
+        await db.counters.insert_many(missing, ordered=False)
+    except BulkWriteError as exc:
+        if any(e.get("code") != 11000 for e in exc.details.get("writeErrors", [])):
+            raise

@@ -31,7 +31,6 @@ from pymongo import ASCENDING, DESCENDING
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.common import MAX_BSON_SIZE
-from taskmill.cursors import position_token, token_position
 from taskmill.errors import TaskNotFound
 from taskmill.lifecycle import REDRIVE_EVENT, check_redrive, key_taken
 from taskmill.model import (
@@ -64,7 +63,7 @@ from taskmill.storage import (
 from taskmill_mongo import claims, enqueue, leases, schema
 from taskmill_mongo.cancellation import cancel_in, suspend_in
 from taskmill_mongo.connection import Connection
-from taskmill_mongo.documents import from_micros, leader_key, task, value_ceiling
+from taskmill_mongo.documents import EventKey, from_micros, leader_key, task, value_ceiling
 from taskmill_mongo.listener import MongoChangeListener
 from taskmill_mongo.options import MongoOptions, parse_url, redact
 from taskmill_mongo.queries import PENDING, eq, filter_query, one_of, scope_id
@@ -74,6 +73,7 @@ from taskmill_mongo.transactions import (
     Writes,
     check_transactions,
     read,
+    read_log,
     record,
     replace,
     transaction,
@@ -477,26 +477,20 @@ class MongoStorage(TaskStorage):
         self, after: str | None, *, limit: int = 1000
     ) -> tuple[list[TaskEvent], str]:
         db = self._conn.database()
-        position = None if after is None else token_position(after)
+        start = None if after is None else EventKey.from_token(after)
+        if start is not None and limit <= 0:
+            return [], start.token()
 
         async def run() -> tuple[list[TaskEvent], str]:
-            if position is None:
-                counter = await db.counters.find_one({"_id": "events"})
-                return [], position_token(0 if counter is None else int(counter["value"]))
-            if limit <= 0:
-                return [], after or position_token(position)
-            rows = (
-                await db.events.find({"_id": {"$gt": position}})
-                .sort("_id", ASCENDING)
-                .limit(limit)
-                .to_list()
-            )
+            rows, end = await read_log(self._conn, start, limit)
             ids = sorted({r["task_id"] for r in rows})
-            snapshots = {d["_id"]: task(d) async for d in db.tasks.find({"_id": {"$in": ids}})}
+            snapshots = (
+                {d["_id"]: task(d) async for d in db.tasks.find({"_id": {"$in": ids}})}
+                if ids
+                else {}
+            )
             events: list[TaskEvent] = []
-            cursor = after or position_token(position)
             for row in rows:
-                cursor = position_token(int(row["_id"]))
                 snapshot = snapshots.get(row["task_id"])
                 if snapshot is not None:
                     events.append(
@@ -505,10 +499,10 @@ class MongoStorage(TaskStorage):
                             task=snapshot,
                             status=TaskStatus(row["status"]),
                             at=from_micros(row["at"]),
-                            cursor=cursor,
+                            cursor=EventKey.from_document_id(row["_id"]).token(),
                         )
                     )
-            return events, cursor
+            return events, end.token()
 
         return await read(self._conn, run())
 

@@ -1,42 +1,63 @@
-"""Running an operation: every change is one multi-document transaction, and what a
-transaction writes besides the task it decides on.
+"""Running an operation: every change is one multi-document transaction; what a
+transaction writes besides the tasks it decides on (events, attempt rows); and reading
+the event log back in commit order.
 
-:func:`transaction` runs a body with the driver's retry rules: a
-``TransientTransactionError`` reruns the whole transaction and an
-``UnknownTransactionCommitResult`` retries the commit
-(``AsyncClientSession.with_transaction``). Each changed task document is written back
-fenced by the (status, attempts, worker id) it was read in (:func:`replace`): on a real
-replica set a concurrent writer of the same document makes one of the two transactions
-abort with a write conflict (transient, so it runs again on the new state), and the
-fence makes a lost race visible on any server (:class:`Raced`: the body runs again).
+**The runner** (:func:`transaction`) follows the driver's rules for transactions (the
+convenient API of the transactions specification, as ``with_transaction`` does): an
+error labelled ``TransientTransactionError`` (a write conflict, a failover) aborts and
+reruns the whole transaction; a commit that fails with ``UnknownTransactionCommitResult``
+is committed again (the server applies a transaction once, however often it is
+committed). Where ``with_transaction`` retries for 120 s, this runner retries for the
+store's ``connect_timeout`` and then raises
+:class:`~taskmill.errors.StorageUnavailable`. Each changed task document is written
+back fenced by the (status, attempts, worker id) it was read in (:func:`replace`): a
+fence that matched nothing (a race lost on a server without snapshot isolation) runs
+the body again (:class:`Raced`).
 
-**Event cursors**: each transaction that records events increments the ``events``
-counter document by their number and takes those positions (:func:`record`). Two such
-transactions write the same document, so they commit one after the other: positions
-follow commit order.
+**The event log** has no document that every writer writes. A transaction that records
+events takes their positions from one of :data:`EVENT_SHARDS` counter documents, picked
+at random, and raises that shard's ``stamp`` to its own stamp: the cluster time of its
+operations (``operationTime``, known before it commits). An event's place is
+:class:`~taskmill_mongo.documents.EventKey` ``(stamp, shard, position)``, its ``_id``
+the cursor token. Within a shard, positions follow commit order (two transactions that
+take positions of one shard write one document, so the later aborts until the earlier
+has committed) and stamps never decrease. Across shards, a transaction that starts after
+another committed (and so one that reads a task another wrote) has a greater stamp. A
+reader (:func:`read_log`) reads every shard's newest key; before it reads up to the
+newest of them, it writes every other shard document once, which waits for a
+transaction holding one to end and makes any that started earlier and has not taken
+its positions yet conflict and run again, with a later stamp. So no event commits
+later with a key below what a reader has read. See docs/backends.md, MongoDB, "Event
+cursors".
 
-With ``serialize_writes`` every transaction and every read runs under the
-:mod:`~taskmill_mongo.writer_lock`.
+With ``serialize_writes`` (the test stand-in, which reports no cluster time and does not
+isolate concurrent transactions) every transaction and every read runs under the
+:mod:`~taskmill_mongo.writer_lock`, each transaction opens with a write, and events are
+stamped with the lock's turn instead of the cluster time. Nothing else differs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
+import time
 from collections.abc import Awaitable, Callable, Coroutine
+from contextvars import ContextVar
 from typing import Any, Final, TypeVar
 
 import attrs
+from bson import Timestamp
 from pymongo import ReplaceOne, ReturnDocument
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure
+from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure, PyMongoError
 from taskmill.errors import StorageUnavailable
 from taskmill.model import Attempt, EventKind, Task, TaskStatus
 
-from taskmill_mongo.connection import Connection
-from taskmill_mongo.documents import micros, task_document
+from taskmill_mongo.connection import Connection, Stage
+from taskmill_mongo.documents import EventKey, micros, task_document
 from taskmill_mongo.options import redact
-from taskmill_mongo.schema import DEPENDENTS, WAITING, Doc
+from taskmill_mongo.schema import DEPENDENTS, EVENT_SHARDS, SHARDS, WAITING, Doc, create_counters
 
 __all__ = [
     "Nothing",
@@ -45,6 +66,7 @@ __all__ = [
     "check_transactions",
     "flush",
     "read",
+    "read_log",
     "record",
     "replace",
     "reserve",
@@ -54,6 +76,17 @@ __all__ = [
 T = TypeVar("T")
 
 _RACE_RETRIES: Final = 20
+_TRANSIENT: Final = "TransientTransactionError"
+_UNKNOWN_COMMIT: Final = "UnknownTransactionCommitResult"
+_MAX_TIME_MS_EXPIRED: Final = 50
+"""A commit that ran out of ``maxTimeMS``: not retried, as the specification says."""
+_BACKOFF_FIRST: Final = 0.005
+_BACKOFF_MOST: Final = 0.5
+_OLDEST_STAMPED: Final = EventKey(1, 0, 0)
+"""Below every stamped event (positions start at 1), above every unstamped one."""
+
+_RUNNING: ContextVar[Connection] = ContextVar("taskmill_mongo_transaction")
+"""The store whose transaction the current task is running (for :func:`record`)."""
 
 
 class Nothing(Exception):
@@ -70,10 +103,11 @@ class Raced(Exception):
 
 
 async def transaction(conn: Connection, body: Callable[[AsyncClientSession], Awaitable[T]]) -> T:
-    """Run ``body`` in a transaction with the driver's retries; a fenced write that
+    """Run ``body`` in a transaction with the driver's retry rules; a fenced write that
     lost a race (or a dedupe leader inserted meanwhile) runs it again.
 
-    :raises StorageUnavailable: the server is unreachable, or the body lost a race
+    :raises StorageUnavailable: the server is unreachable; a transient error or an
+        unknown commit result lasted past ``connect_timeout``; or the body lost a race
         ``_RACE_RETRIES`` times in a row.
     :raises InvalidParams: a document written was over the server's largest size.
     """
@@ -81,25 +115,29 @@ async def transaction(conn: Connection, body: Callable[[AsyncClientSession], Awa
     client = db.client
 
     async def opened(s: AsyncClientSession) -> T:
-        # The transaction's first command is a write: nx-27017 (the test stand-in)
-        # starts a transaction only on a write. On MongoDB it changes nothing.
-        await db.counters.update_one({"_id": "events"}, {"$inc": {"value": 0}}, session=s)
+        if conn.options.serialize_writes:
+            # nx-27017 (the test stand-in) starts a transaction only on a write.
+            await db.counters.update_one({"_id": SHARDS[0]}, {"$inc": {"value": 0}}, session=s)
         return await body(s)
 
     async def run() -> T:
-        if not conn.options.serialize_writes:
-            return await attempts()
-        token = await conn.writer_lock.acquire(db)
+        running = _RUNNING.set(conn)
         try:
-            return await attempts()
+            if not conn.options.serialize_writes:
+                return await attempts()
+            token = await conn.writer_lock.acquire(db)
+            try:
+                return await attempts()
+            finally:
+                await asyncio.shield(conn.writer_lock.release(db, token))
         finally:
-            await asyncio.shield(conn.writer_lock.release(db, token))
+            _RUNNING.reset(running)
 
     async def attempts() -> T:
         for _ in range(_RACE_RETRIES):
             async with client.start_session() as session:
                 try:
-                    return await session.with_transaction(opened)
+                    return await _committed(conn, session, opened)
                 except Nothing as nothing:
                     return nothing.value  # type: ignore[no-any-return]
                 except (Raced, DuplicateKeyError):
@@ -115,6 +153,103 @@ async def transaction(conn: Connection, body: Callable[[AsyncClientSession], Awa
         )
 
     return await conn.guard(run())
+
+
+async def _committed(
+    conn: Connection, s: AsyncClientSession, body: Callable[[AsyncClientSession], Awaitable[T]]
+) -> T:
+    """Run ``body`` in a transaction on ``s`` and commit it: rerun whole after an error
+    labelled ``TransientTransactionError``, commit again after one labelled
+    ``UnknownTransactionCommitResult``, for at most ``connect_timeout`` seconds.
+
+    :raises StorageUnavailable: such an error lasted past ``connect_timeout``.
+    """
+    deadline = time.monotonic() + conn.options.connect_timeout
+    pause = _Pause()
+    while True:
+        await s.start_transaction()
+        try:
+            result = await body(s)
+            _fault(conn, Stage.BODY)
+        except BaseException as exc:
+            if s.in_transaction:
+                await s.abort_transaction()
+            if not (isinstance(exc, PyMongoError) and exc.has_error_label(_TRANSIENT)):
+                raise
+            failure = exc
+        else:
+            rerun = await _commit(conn, s, deadline, pause)
+            if rerun is None:
+                return result
+            failure = rerun
+        if time.monotonic() >= deadline:
+            raise _gave_up(conn, failure, _GAVE_UP_TRANSIENT) from failure
+        await pause()
+
+
+async def _commit(
+    conn: Connection, s: AsyncClientSession, deadline: float, pause: _Pause
+) -> PyMongoError | None:
+    """Commit the transaction on ``s``: None once committed, or the transient error
+    after which the whole transaction runs again (it is aborted).
+
+    :raises StorageUnavailable: the commit's result stayed unknown past ``deadline``.
+    """
+    while True:
+        try:
+            _fault(conn, Stage.COMMIT)
+            await s.commit_transaction()
+            return None
+        except PyMongoError as exc:
+            expired = isinstance(exc, OperationFailure) and exc.code == _MAX_TIME_MS_EXPIRED
+            if exc.has_error_label(_UNKNOWN_COMMIT) and not expired:
+                if time.monotonic() < deadline:
+                    await pause()
+                    continue  # committed again: the server applies it once
+                if s.in_transaction:
+                    await s.abort_transaction()
+                raise _gave_up(conn, exc, _GAVE_UP_UNKNOWN) from exc
+            if not exc.has_error_label(_TRANSIENT):
+                raise
+            if s.in_transaction:
+                await s.abort_transaction()
+            return exc
+
+
+class _Pause:
+    """Jittered exponential backoff between retries, as the driver's."""
+
+    def __init__(self) -> None:
+        self.most = _BACKOFF_FIRST
+
+    async def __call__(self) -> None:
+        await asyncio.sleep(random.uniform(0, self.most))
+        self.most = min(self.most * 2, _BACKOFF_MOST)
+
+
+def _fault(conn: Connection, stage: Stage) -> None:
+    if conn.fault is not None:
+        conn.fault(stage)
+
+
+_GAVE_UP_TRANSIENT: Final = (
+    "a transient error (a write conflict, a failover)",
+    "nothing of it was written; try again",
+)
+_GAVE_UP_UNKNOWN: Final = (
+    "an unknown commit result",
+    "it may have been applied: check before you repeat it",
+)
+
+
+def _gave_up(conn: Connection, exc: PyMongoError, what: tuple[str, str]) -> StorageUnavailable:
+    met, advice = what
+    message = str(exc).replace(conn.url, redact(conn.url))
+    return StorageUnavailable(
+        f"MongoDB at {redact(conn.url)}: a transaction still met {met} after "
+        f"{conn.options.connect_timeout:g} s (connect_timeout) of retries ({message}); "
+        f"{advice}"
+    )
 
 
 async def read(conn: Connection, work: Coroutine[Any, Any, T]) -> T:
@@ -139,7 +274,9 @@ async def read(conn: Connection, work: Coroutine[Any, Any, T]) -> T:
 
 async def check_transactions(conn: Connection, db: AsyncDatabase[Doc]) -> None:
     """Refuse a server that cannot run multi-document transactions (a standalone
-    mongod): probed with one, so any server that runs them is served.
+    mongod), probed with one, so any server that runs them is served; and, unless
+    ``serialize_writes``, one that reports no cluster time (``operationTime``), which
+    stamps events.
 
     :raises StorageUnavailable: saying how to run the server as a replica set.
     """
@@ -147,7 +284,7 @@ async def check_transactions(conn: Connection, db: AsyncDatabase[Doc]) -> None:
 
         async def probe(session: AsyncClientSession) -> None:
             await db.counters.update_one(
-                {"_id": "events"},
+                {"_id": SHARDS[0]},
                 {"$setOnInsert": {"value": 0}},
                 upsert=True,
                 session=session,
@@ -157,6 +294,7 @@ async def check_transactions(conn: Connection, db: AsyncDatabase[Doc]) -> None:
         try:
             async with db.client.start_session() as session:
                 await session.with_transaction(probe)
+                reported = session.operation_time is not None
         finally:
             if token is not None:
                 await asyncio.shield(conn.writer_lock.release(db, token))
@@ -169,6 +307,13 @@ async def check_transactions(conn: Connection, db: AsyncDatabase[Doc]) -> None:
                 "--replSet rs0 and run rs.initiate()) or connect through mongos"
             ) from exc
         raise
+    if not reported and not conn.options.serialize_writes:
+        raise StorageUnavailable(
+            f"the server at {redact(conn.url)} runs transactions but reports no cluster "
+            "time (operationTime), which taskmill-mongo orders its event log by: connect "
+            "to a MongoDB replica set member or mongos (a test stand-in such as nx-27017 "
+            "needs ?serializeWrites=true)"
+        )
 
 
 @attrs.define
@@ -204,15 +349,15 @@ async def reserve(db: AsyncDatabase[Doc], s: AsyncClientSession, counter: str, c
 
 
 async def record(db: AsyncDatabase[Doc], s: AsyncClientSession, writes: Writes, now: int) -> None:
-    """Send what ``writes`` holds back, then append its events (at positions taken
-    from the ``events`` counter) and its attempt log rows."""
+    """Send what ``writes`` holds back, then append its events (at positions of an
+    event shard, :func:`_reserve_events`) and its attempt log rows."""
     await flush(db, s, writes)
     if writes.events:
-        first = await reserve(db, s, "events", len(writes.events))
+        first = await _reserve_events(db, s, len(writes.events))
         await db.events.insert_many(
             [
                 {
-                    "_id": first + i,
+                    "_id": attrs.evolve(first, position=first.position + i).document_id(),
                     "kind": k.value,
                     "task_id": tid,
                     "status": st.value,
@@ -239,6 +384,122 @@ async def record(db: AsyncDatabase[Doc], s: AsyncClientSession, writes: Writes, 
             ],
             session=s,
         )
+
+
+async def _reserve_events(db: AsyncDatabase[Doc], s: AsyncClientSession, count: int) -> EventKey:
+    """Take ``count`` consecutive positions of an event shard picked at random, raising
+    its ``stamp`` to this transaction's (:func:`_stamp`); the key of the first.
+
+    The events take the shard's stamp after the raise: never below the stamp of the
+    shard's earlier events, and below the commit time of this transaction."""
+    shard = random.randrange(EVENT_SHARDS)
+    doc = await db.counters.find_one_and_update(
+        {"_id": SHARDS[shard]},
+        {"$inc": {"value": count}, "$max": {"stamp": _stamp(s)}},
+        upsert=True,
+        return_document=ReturnDocument.AFTER,
+        session=s,
+    )
+    assert doc is not None
+    return EventKey(_stamp_value(doc["stamp"]), shard, int(doc["value"]) - count + 1)
+
+
+def _stamp(s: AsyncClientSession) -> Timestamp | int:
+    """This transaction's stamp: the cluster time of its operations so far (the
+    largest ``operationTime`` the server answered; at least the time of its first,
+    and below its commit), or with ``serialize_writes`` the writer lock's turn.
+
+    Stored as the BSON timestamp it is (unsigned: an int64 of its 64 bits would
+    overflow in 2038), read as :func:`_stamp_value`.
+
+    :raises StorageUnavailable: the server reported no cluster time.
+    """
+    try:
+        conn = _RUNNING.get()
+    except LookupError:
+        raise RuntimeError("events are recorded only inside transaction()") from None
+    if conn.options.serialize_writes:
+        return conn.writer_lock.turn
+    seen = s.operation_time
+    if seen is None:
+        raise StorageUnavailable(
+            f"MongoDB at {redact(conn.url)} reported no cluster time (operationTime) in "
+            "a transaction; taskmill-mongo needs a replica set member or mongos"
+        )
+    return seen
+
+
+def _stamp_value(stored: Timestamp | int | None) -> int:
+    """A shard's stored ``stamp`` as the number it orders by (0 where none is stored)."""
+    if isinstance(stored, Timestamp):
+        return (stored.time << 32) | stored.inc
+    return int(stored or 0)
+
+
+async def read_log(
+    conn: Connection, after: EventKey | None, limit: int
+) -> tuple[list[Doc], EventKey]:
+    """The event documents after ``after`` in key order (at most ``limit``, positive),
+    and the key to read after next time: the last one's, or ``after`` when there is
+    none. With ``after`` None, no documents and the key of the newest event committed.
+
+    Every key returned is *closed*: no event commits later below it. Each shard's
+    document holds the key of its newest event (its stamp and position); any event
+    its document does not show yet has a greater key. Before reading up to the newest
+    of those keys, every other shard's document is written (:func:`_close`). Run under
+    :func:`read`.
+    """
+    db = conn.database()
+    tips = await _shard_tips(db)
+    newest = max(tips)
+    if after is not None and newest <= after:
+        return [], after
+    if conn.events_closed is None or newest > conn.events_closed:
+        await _close(db, [name for name, tip in zip(SHARDS, tips, strict=True) if tip != newest])
+        conn.events_closed = newest
+    if after is None:
+        return [], newest
+    rows: list[Doc] = []
+    if not after.stamped:  # the log numbered before events were stamped
+        positions: Doc = {"$gt": after.position}
+        if not newest.stamped:
+            positions["$lte"] = newest.position
+        rows = await db.events.find({"_id": positions}).sort("_id", 1).limit(limit).to_list()
+    if newest.stamped and len(rows) < limit:
+        lowest = after if after.stamped else _OLDEST_STAMPED
+        keys = {"$gt": lowest.token(), "$lte": newest.token()}
+        rows += (
+            await db.events.find({"_id": keys}).sort("_id", 1).limit(limit - len(rows)).to_list()
+        )
+    return rows, EventKey.from_document_id(rows[-1]["_id"]) if rows else after
+
+
+async def _shard_tips(db: AsyncDatabase[Doc]) -> list[EventKey]:
+    """The key of each shard's newest event, from its counter document, by shard
+    (unstamped, ``(0, 0, position)``, for shard 0's events from before the stamps and
+    for a shard without events)."""
+    found = {d["_id"]: d async for d in db.counters.find({"_id": {"$in": list(SHARDS)}})}
+    if len(found) < len(SHARDS):  # a database of an older release: once, by a first reader
+        await create_counters(db, SHARDS)
+    tips: list[EventKey] = []
+    for shard, name in enumerate(SHARDS):
+        doc = found.get(name, {})
+        stamp = _stamp_value(doc.get("stamp"))
+        tips.append(EventKey(stamp, shard if stamp else 0, int(doc.get("value", 0))))
+    return tips
+
+
+async def _close(db: AsyncDatabase[Doc], shards: list[str]) -> None:
+    """Write the counter documents of ``shards`` once, outside any transaction.
+
+    A transaction that holds one of them (it took positions, uncommitted) makes the
+    write wait until it ends; one that has not taken positions yet but started before
+    conflicts when it does, and runs again with a later stamp. So once this returns,
+    every event those shards will show later has a stamp above the newest key read
+    before: a transaction that starts now answers a later cluster time (with
+    ``serialize_writes``: a later turn)."""
+    if shards:
+        await db.counters.update_many({"_id": {"$in": shards}}, {"$inc": {"closed": 1}})
 
 
 async def flush(db: AsyncDatabase[Doc], s: AsyncClientSession, writes: Writes) -> None:

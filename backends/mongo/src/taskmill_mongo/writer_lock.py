@@ -9,6 +9,11 @@ it holds it, so that a holder that died (``kill -9``) frees it within
 :data:`LOCK_SECONDS`. The coroutines of one store take turns on an in-process lock
 first, so that each process polls the document from one coroutine at most, and the lock
 is handed over fairly between processes (``next``: the waiter promised it next).
+
+Each taking of the lock also counts ``turn`` up by one, in the same write: as the lock
+is held by one store at a time, turns follow the order in which transactions commit,
+and the holder's turn (:attr:`WriterLock.turn`) stamps the events its transaction
+records (:mod:`taskmill_mongo.transactions`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Final
 
+from pymongo import ReturnDocument
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError, PyMongoError
 from taskmill.errors import StorageUnavailable
@@ -60,6 +66,10 @@ class WriterLock:
         self._local_lock: asyncio.Lock | None = None
         self._local_loop: asyncio.AbstractEventLoop | None = None
         self._renewers: dict[str, asyncio.Task[None]] = {}
+        self.turn = 0
+        """The turn this store took the lock at, last time (every taking counts the
+        lock document's ``turn`` up by one): while the store holds the lock, greater
+        than the turn of every holding before it, in any process."""
 
     async def release(self, db: AsyncDatabase[Doc], token: str) -> None:
         """Free the writer lock if ``token`` still holds it (shielded by callers, so a
@@ -138,7 +148,14 @@ class WriterLock:
             with contextlib.suppress(DuplicateKeyError):  # created by another process
                 if await db.counters.find_one({"_id": "writer"}, {"_id": 1}) is None:
                     await db.counters.insert_one(
-                        {"_id": "writer", "owner": None, "until": 0, "next": None, "next_until": 0}
+                        {
+                            "_id": "writer",
+                            "owner": None,
+                            "until": 0,
+                            "next": None,
+                            "next_until": 0,
+                            "turn": 0,
+                        }
                     )
             self._ready = True
         while True:
@@ -160,10 +177,13 @@ class WriterLock:
                         "holder": _HOLDER,
                         "next": None,
                         "next_until": 0,
-                    }
+                    },
+                    "$inc": {"turn": 1},
                 },
+                return_document=ReturnDocument.AFTER,
             )
             if got is not None:
+                self.turn = int(got["turn"])
                 return token
             if time.monotonic() > deadline:
                 raise StorageUnavailable(
