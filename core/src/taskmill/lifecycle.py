@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final, TypeAlias
 
 import attrs
@@ -268,6 +268,30 @@ def finish_kind(requested: FinishKind, *, stop_requested: bool) -> FinishKind:
     if stop_requested and requested in RELEASED_ON_STOP:
         return FinishKind.RELEASE
     return requested
+
+
+_NO_RESULT: Final = (None, "null")  # most handlers return None: skip parsing it
+
+
+def finish_values(finish: Finish, kind: FinishKind, now: datetime) -> dict[str, Any]:
+    """What a finish applied as ``kind`` (:func:`finish_kind`'s) at ``now`` gives
+    :meth:`TransitionPlan.apply` for a store that keeps snapshots: its error and cancel
+    reason, its data and progress when it carries them, the result of a COMPLETE and the
+    due time of a RETRY."""
+    values: dict[str, Any] = {
+        "error": finish.error,
+        "cancel_reason": finish.cancel_reason or DEFAULT_CANCEL_REASON,
+    }
+    if finish.data is not None:
+        values["data"] = finish.data
+    if finish.progress is not None:
+        values["progress"] = finish.progress
+    if kind is FinishKind.COMPLETE:
+        result_json = finish.result_json
+        values["result"] = None if result_json in _NO_RESULT else loads(result_json)
+    elif kind is FinishKind.RETRY:
+        values["run_later"] = now + timedelta(seconds=finish.retry_in)
+    return values
 
 
 @attrs.frozen

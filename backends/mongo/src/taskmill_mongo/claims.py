@@ -10,8 +10,8 @@ the request's caps, the suspensions and the global limits.
   anyway runs the claim again (:class:`~taskmill_mongo.transactions.Raced`).
 - **Global limits**: a claim first writes the ``buckets`` document of each limited key
   (so two claims of one key conflict, as a row lock would serialize them), then reads
-  its tokens, counts the key's RUNNING tasks and cuts its caps
-  (:func:`taskmill.limits.limited_caps`), all inside the claim's transaction.
+  its tokens, counts the key's RUNNING tasks and cuts its caps, all inside the claim's
+  transaction: the sequence is :mod:`taskmill.limiting`'s, over :class:`MongoBuckets`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from collections.abc import Mapping, Sequence
 from pymongo import ASCENDING, DESCENDING, ReturnDocument
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.database import AsyncDatabase
-from taskmill.limits import Bucket, limited_caps, locked_keys, refill, scope_of, spend, taken_by_key
+from taskmill.limiting import limit_claim, spend_claimed
+from taskmill.limits import Bucket, scope_of
 from taskmill.model import EventKind, SuspensionScope, Task
 from taskmill.serialization import dumps
 from taskmill.storage import ClaimRequest, HandlerKey
@@ -42,12 +43,11 @@ async def claim_batch(conn: Connection, request: ClaimRequest, types: Sequence[s
     async def body(s: AsyncClientSession) -> list[Task]:
         db = conn.database()
         now = await conn.now()
-        handlers = request.handlers
-        tokens: dict[HandlerKey, float] = {}
-        if request.limits:
-            handlers, tokens = await _limited(db, s, request, now, conn.options.serialize_writes)
-            if not any(cap != 0 for cap in handlers.values()):
-                raise Nothing([])
+        buckets = MongoBuckets(db, s, now, split=conn.options.serialize_writes)
+        limited = await limit_claim(buckets, request)
+        handlers = limited.request.handlers
+        if request.limits and not any(cap != 0 for cap in handlers.values()):
+            raise Nothing([])
         suspended = [
             SuspensionScope(task_type=d["task_type"], app_id=d["app_id"])
             async for d in db.suspensions.find({}, session=s)
@@ -116,8 +116,7 @@ async def claim_batch(conn: Connection, request: ClaimRequest, types: Sequence[s
             raise Raced  # another claim took a pick since it was read
         # What the update wrote, applied to what was read.
         claimed = [task({**d, **stamp, "attempts": d["attempts"] + 1}) for d in picked]
-        if tokens:
-            await _spend(db, s, tokens, handlers, claimed, now)
+        await spend_claimed(buckets, limited, ((t.app_id, t.task_type) for t in claimed))
         writes = Writes()
         for t in claimed:
             writes.emit(EventKind.STARTED, t)
@@ -127,44 +126,61 @@ async def claim_batch(conn: Connection, request: ClaimRequest, types: Sequence[s
     return await transaction(conn, body)
 
 
-async def _limited(
-    db: AsyncDatabase[Doc],
-    s: AsyncClientSession,
-    request: ClaimRequest,
-    now: int,
-    serialize_writes: bool,
-) -> tuple[dict[HandlerKey, int | None], dict[HandlerKey, float]]:
-    """The request's caps cut by its global limits (:mod:`taskmill.limits`), and the
-    refilled tokens of its rate-limited keys, inside claim transaction ``s``.
+class MongoBuckets:
+    """:class:`taskmill.limiting.BucketLedger` inside claim transaction ``s`` at ``now``
+    (integer microseconds).
 
-    Each limited key's bucket document (created full when missing) is *written*
-    first (``$inc`` of ``claims``), in a stable order: two claims of one key both
-    write it, so on MongoDB they cannot both commit from the same snapshot (the
-    second aborts with a write conflict and runs again on the new state). That is
-    what makes the tokens read and the RUNNING tasks counted here hold when this
+    Each limited key's bucket document (created empty when missing) is *written* first
+    (``$inc`` of ``claims``), in :func:`~taskmill.limits.locked_keys` order: two claims
+    of one key both write it, so on MongoDB they cannot both commit from the same
+    snapshot (the second aborts with a write conflict and runs again on the new state).
+    That is what makes the tokens read and the RUNNING tasks counted here hold when this
     claim commits, in the role MySQL's ``FOR UPDATE`` on the bucket row plays."""
-    seconds = now / 1_000_000
-    tokens: dict[HandlerKey, float] = {}
-    running: dict[HandlerKey, int] = {}
-    for key in locked_keys(request.handlers, request.limits):
-        scope, task_type = scope_of(key), key[1]
-        bucket = await _write_bucket(db, s, scope, task_type, split=serialize_writes)
-        limit = request.limits[key]
-        if limit.rate is not None:
-            stored = Bucket(float(bucket["tokens"]), float(bucket["updated_at"]))
-            tokens[key] = refill(stored, limit.rate, seconds)
-        if limit.max_running is not None:
+
+    __slots__ = ("_db", "_now", "_s", "_split")
+
+    def __init__(
+        self, db: AsyncDatabase[Doc], s: AsyncClientSession, now: int, *, split: bool
+    ) -> None:
+        self._db = db
+        self._s = s
+        self._now = now
+        self._split = split
+
+    async def lock_buckets(
+        self, keys: Sequence[HandlerKey]
+    ) -> tuple[dict[HandlerKey, Bucket], float]:
+        buckets: dict[HandlerKey, Bucket] = {}
+        for key in keys:
+            written = await _write_bucket(
+                self._db, self._s, scope_of(key), key[1], split=self._split
+            )
+            buckets[key] = Bucket(float(written["tokens"]), float(written["updated_at"]))
+        return buckets, self._now / 1_000_000
+
+    async def count_running(self, keys: Sequence[HandlerKey]) -> dict[HandlerKey, int]:
+        running: dict[HandlerKey, int] = {}
+        for app_id, task_type in keys:
             # An expired lease holds no slot, rescued or not.
             query: Doc = {
                 "status": eq(RUNNING),
                 "task_type": eq(task_type),
-                "lease_expires_at": {"$gt": now},
+                "lease_expires_at": {"$gt": self._now},
             }
-            if key[0] is not None:
-                query["app_id"] = key[0]
-            running[key] = await db.tasks.count_documents(query, session=s)
-    caps = limited_caps(request.handlers, request.limits, tokens=tokens, running=running)
-    return caps, tokens
+            if app_id is not None:
+                query["app_id"] = app_id
+            running[(app_id, task_type)] = await self._db.tasks.count_documents(
+                query, session=self._s
+            )
+        return running
+
+    async def save_buckets(self, tokens: Mapping[HandlerKey, float], now: float) -> None:
+        for key, left in tokens.items():
+            await self._db.buckets.update_one(
+                {"_id": dumps([scope_of(key), key[1]])},
+                {"$set": {"tokens": left, "updated_at": now}},
+                session=self._s,
+            )
 
 
 async def _write_bucket(
@@ -191,22 +207,3 @@ async def _write_bucket(
         written = await db.buckets.find_one(selector, session=s)
     assert written is not None
     return written
-
-
-async def _spend(
-    db: AsyncDatabase[Doc],
-    s: AsyncClientSession,
-    tokens: dict[HandlerKey, float],
-    handlers: Mapping[HandlerKey, int | None],
-    claimed: Sequence[Task],
-    now: int,
-) -> None:
-    """Write back the buckets this claim took tokens from."""
-    taken = taken_by_key(((t.app_id, t.task_type) for t in claimed), handlers)
-    for key, left in tokens.items():
-        if taken.get(key):
-            await db.buckets.update_one(
-                {"_id": dumps([scope_of(key), key[1]])},
-                {"$set": {"tokens": spend(left, taken[key]), "updated_at": now / 1_000_000}},
-                session=s,
-            )

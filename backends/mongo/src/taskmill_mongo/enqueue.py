@@ -20,13 +20,13 @@ from taskmill.lifecycle import (
     DEPENDENCY_CANCEL_REASON,
     DEPENDENCY_CANCELLATION,
     TERMINAL_EVENTS,
+    check_dependencies,
     dependency_blocks,
     dependency_error,
     enqueued,
     settle_alias,
     settles_aliases,
     split_taken,
-    unknown_dependency,
 )
 from taskmill.model import EventKind, Task, TaskStatus
 from taskmill.serialization import dumps
@@ -166,11 +166,5 @@ async def _dependencies(
             {"_id": {"$in": wanted}}, {"status": 1, "app_id": 1}, session=s
         )
     }
-    for new in fresh:
-        for dependency in new.after:
-            doc = found.get(dependency)
-            if doc is None or doc["app_id"] != new.app_id:
-                raise unknown_dependency(
-                    dependency, new.app_id, None if doc is None else doc["app_id"]
-                )
+    check_dependencies(fresh, {task_id: doc["app_id"] for task_id, doc in found.items()})
     return found

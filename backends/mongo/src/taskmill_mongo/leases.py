@@ -15,11 +15,11 @@ from pymongo import ASCENDING
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.database import AsyncDatabase
 from taskmill.lifecycle import (
-    DEFAULT_CANCEL_REASON,
     FINISHES,
     RESCUE_ERROR,
     RESCUES,
     finish_kind,
+    finish_values,
     plan,
     rescue_case,
 )
@@ -31,8 +31,7 @@ from taskmill.model import (
     SuspensionScope,
     Task,
 )
-from taskmill.serialization import loads
-from taskmill.storage import Finish, FinishKind, Lease, ProgressUpdate
+from taskmill.storage import Finish, Lease, ProgressUpdate
 
 from taskmill_mongo.connection import Connection
 from taskmill_mongo.documents import from_micros, task, task_document
@@ -97,26 +96,8 @@ async def finish_batch(conn: Connection, finishes: Sequence[Finish]) -> list[Tas
             if doc["cancel_reason"] is not None:
                 kind = finish_kind(kind, stop_requested=True)
             chosen = _FINISH_PLANS[kind]
-            extra: dict[str, Any] = {}
-            if finish.data is not None:
-                extra["data"] = finish.data
-            if finish.progress is not None:
-                extra["progress"] = finish.progress
-            if kind is FinishKind.COMPLETE:
-                extra["result"] = None if finish.result_json is None else loads(finish.result_json)
-            elif kind is FinishKind.RETRY:
-                extra["run_later"] = from_micros(now + int(finish.retry_in * 1_000_000))
-            new = await settle(
-                db,
-                s,
-                doc,
-                chosen,
-                now,
-                writes,
-                error=finish.error,
-                cancel_reason=finish.cancel_reason or DEFAULT_CANCEL_REASON,
-                **extra,
-            )
+            values = finish_values(finish, kind, from_micros(now))
+            new = await settle(db, s, doc, chosen, now, writes, **values)
             outcome = chosen.transition.outcome or finish.outcome
             writes.attempts.append(
                 Attempt(

@@ -322,10 +322,6 @@ class Writes:
 
     events: list[tuple[EventKind, str, TaskStatus]] = attrs.field(factory=list)
     attempts: list[Attempt] = attrs.field(factory=list)
-    settled_aliases: list[Task] = attrs.field(factory=list)
-    """Aliases settled by their terminal leader, in the order written."""
-    dependents_cancelled: list[Task] = attrs.field(factory=list)
-    """Dependents cancelled because a dependency did not complete, in order."""
     replacements: list[ReplaceOne[Doc]] | None = None
     """When a list, the fenced task replacements not sent yet: the transaction sends
     them as one ``bulk_write`` (:func:`flush`) before it next reads task documents and

@@ -23,7 +23,6 @@ from taskmill.cursors import position_token, token_position
 from taskmill.errors import InvalidURL, StorageUnavailable, TaskNotFound
 from taskmill.lifecycle import (
     CANCELLATION,
-    DEFAULT_CANCEL_REASON,
     DEPENDENCY_CANCEL_REASON,
     DEPENDENCY_CANCELLATION,
     FINISHES,
@@ -38,6 +37,7 @@ from taskmill.lifecycle import (
     dependency_error,
     enqueued,
     finish_kind,
+    finish_values,
     key_taken,
     plan,
     rescue_case,
@@ -60,13 +60,11 @@ from taskmill.model import (
     TaskFilter,
     TaskStatus,
 )
-from taskmill.serialization import loads
 from taskmill.settlement import Active, Edge, Settlement
 from taskmill.settlement import cancel as settlement_cancel
 from taskmill.storage import (
     ClaimRequest,
     Finish,
-    FinishKind,
     HandlerKey,
     HandlerRegistration,
     Lease,
@@ -86,7 +84,6 @@ _FINISH_PLANS = {kind: plan(t) for kind, t in FINISHES.items()}
 _RESCUE_PLANS = {case: plan(t) for case, t in RESCUES.items()}
 _CANCEL_PLAN = plan(CANCELLATION)
 _DEPENDENCY_CANCEL_PLAN = plan(DEPENDENCY_CANCELLATION)
-_NO_RESULT = (None, "null")  # most handlers return None: skip parsing it
 QueueKey = tuple[str | None, str]
 _ReadyEntry = tuple[int, int, str]  # (-priority, seq, task id)
 _LogRow = tuple[int, str, datetime, datetime, str, str | None]
@@ -364,24 +361,8 @@ class MemoryStorage(TaskStorage):
             if task.cancel_reason is not None:
                 kind = finish_kind(kind, stop_requested=True)
             chosen = _FINISH_PLANS[kind]
-            extra: dict[str, Any] = {}
-            if finish.data is not None:
-                extra["data"] = finish.data
-            if finish.progress is not None:
-                extra["progress"] = finish.progress
-            if kind is FinishKind.COMPLETE:
-                result_json = finish.result_json
-                extra["result"] = None if result_json in _NO_RESULT else loads(result_json)
-            elif kind is FinishKind.RETRY:
-                extra["run_later"] = from_timestamp(now_ts + finish.retry_in)
-            task = self._transition(
-                task,
-                chosen,
-                now_ts,
-                error=finish.error,
-                cancel_reason=finish.cancel_reason or DEFAULT_CANCEL_REASON,
-                **extra,
-            )
+            values = finish_values(finish, kind, from_timestamp(now_ts))
+            task = self._transition(task, chosen, now_ts, **values)
             await settlement.transitioned(task, chosen.transition.event)
             outcome = chosen.transition.outcome or finish.outcome
             self._log_attempt(
