@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import uuid
 import weakref
 from collections.abc import Callable, Collection, Sequence
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, TypeVar, Unpack
+from typing import Any, Self, TypeVar, Unpack
 
 import attrs
 
 from taskmill.backoff import RetryPolicy
 from taskmill.discovery import resolve_url, storage_for_url
-from taskmill.errors import InvalidInput, InvalidTaskSpec, TaskmillError
+from taskmill.errors import InvalidInput, InvalidTaskSpec, TaskmillError, UnknownTaskType
+from taskmill.hosts import AttachedWorker
 from taskmill.lifecycle import cancel_error, decide_retry
 from taskmill.model import (
     JSON,
@@ -20,9 +22,10 @@ from taskmill.model import (
     CancelReason,
     Priority,
     Task,
+    TaskSpec,
     TaskStatus,
 )
-from taskmill.operations import AppTasks, TaskOperations
+from taskmill.operations import AppTasks, TaskOperations, unserved_type_message
 from taskmill.periodic import (
     DEFAULT_CATCH_UP,
     DEFAULT_CATCH_UP_WINDOW,
@@ -32,9 +35,24 @@ from taskmill.periodic import (
 )
 from taskmill.plugins import DISABLE_ENV, ENABLE_ENV, PluginInfo, Plugins
 from taskmill.registry import Handler, HandlerFunc, HandlerRegistry
-from taskmill.serialization import dumps
-from taskmill.storage import Finish, FinishKind, Lease, TaskStorage, utcnow
-from taskmill.validation import DELAY_MAX, MAX_RETRIES_MAX, check_int, check_older_than
+from taskmill.serialization import dumps, encode_params
+from taskmill.storage import Finish, FinishKind, Lease, NewTask, TaskStorage, utcnow
+from taskmill.validation import (
+    APP_ID_MAX,
+    DEDUPE_KEY_MAX,
+    MAX_RETRIES_MAX,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    TASK_ID_MAX,
+    TASK_TYPE_MAX,
+    USER_ID_MAX,
+    check_delay,
+    check_int,
+    check_key,
+    check_older_than,
+    check_retry_delay,
+    check_run_at,
+)
 from taskmill.worker import Worker
 from taskmill.worker_options import WorkerArgs, WorkerOptions
 
@@ -42,19 +60,6 @@ F = TypeVar("F", bound=HandlerFunc)
 
 DEFAULT_MAX_RETRIES = 3
 DEFAULT_MAX_PARAMS_BYTES = 1024 * 1024
-
-
-def _check_retry_in(retry_in: object) -> None:
-    if retry_in is not None and not (
-        isinstance(retry_in, int | float)
-        and not isinstance(retry_in, bool)
-        and 0 <= retry_in <= DELAY_MAX  # NaN fails
-    ):
-        raise InvalidInput(
-            f"retry_in must be a number of seconds from 0 to {DELAY_MAX:.0f} (100 years),"
-            f" got {retry_in!r}",
-            field="retry_in",
-        )
 
 
 def _result_json(result: JSON) -> str:
@@ -158,7 +163,7 @@ class Taskmill(TaskOperations):
                 self.plugins.add(plugin)
         self._plugins_loaded = False
         self._opened = False
-        self._workers: weakref.WeakSet[Worker] = weakref.WeakSet()
+        self._workers: weakref.WeakSet[AttachedWorker] = weakref.WeakSet()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -264,7 +269,12 @@ class Taskmill(TaskOperations):
     ) -> None:
         await self.close()
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
+        """Refuse to work before :meth:`open` (or after :meth:`close`): every operation
+        on tasks calls it first.
+
+        :raises TaskmillError: this object is not open; the message says how to open it.
+        """
         if not self._opened:
             raise TaskmillError(
                 "this Taskmill is not open; use `async with Taskmill(...) as tm:` or "
@@ -415,12 +425,85 @@ class Taskmill(TaskOperations):
 
         :raises InvalidTaskSpec: ``older_than`` is not a timedelta or is negative.
         """
-        self._check_open()
+        self.check_open()
         older_than = check_older_than(older_than, utcnow())
         statuses = {TaskStatus.COMPLETED, TaskStatus.CANCELLED}
         if include_failed:
             statuses.add(TaskStatus.FAILED)
         return await self.storage.cleanup(older_than, statuses=frozenset(statuses))
+
+    def new_task(self, spec: TaskSpec, task_id: str | None = None) -> NewTask:
+        """The task :meth:`enqueue` would store for ``spec``, checked against this
+        object's limits (``max_params_bytes``, the store's own) and handlers (the
+        handler's ``max_retries``, else ``default_max_retries``; ``strict_types``), with
+        the id ``task_id`` or else a fresh one. Nothing is stored: for a caller that
+        stores tasks itself, as the scheduler does with ``storage.enqueue``.
+
+        :raises InvalidParams: the params are not a JSON object or are too large.
+        :raises InvalidTaskSpec: a field is out of range or the fields disagree (see
+            :meth:`enqueue`).
+        :raises UnknownTaskType: ``strict_types`` is set and no handler registered here
+            serves the task type.
+        """
+        check_key("task_type", spec.task_type, TASK_TYPE_MAX, empty=False)
+        if spec.app_id is not None:
+            check_key("app_id", spec.app_id, APP_ID_MAX)
+        if spec.dedupe_key is not None:
+            check_key("dedupe_key", spec.dedupe_key, DEDUPE_KEY_MAX)
+        if spec.user_id is not None:
+            check_key("user_id", spec.user_id, USER_ID_MAX)
+        if spec.parent_id is not None:
+            check_key("parent_id", spec.parent_id, TASK_ID_MAX)
+        if task_id is not None:
+            check_key("id", task_id, TASK_ID_MAX, empty=False)
+        for one in spec.after:
+            check_key("after", one, TASK_ID_MAX)
+        priority = check_int("priority", spec.priority, PRIORITY_MIN, PRIORITY_MAX)
+        params = {} if spec.params is None else spec.params
+        max_bytes, limit_of = self.max_params_bytes, "max_params_bytes"
+        ceiling = self.storage.capabilities.max_value_bytes
+        if ceiling is not None and ceiling < max_bytes:
+            max_bytes = ceiling
+            limit_of = f"the most {type(self.storage).__name__} keeps in one value"
+        params_json = encode_params(params, max_bytes=max_bytes, limit_of=limit_of)
+        if spec.run_at is not None and spec.delay is not None:
+            raise InvalidTaskSpec("give run_at or delay, not both", field="delay")
+        run_at = None
+        if spec.run_at is not None:
+            run_at = check_run_at(spec.run_at)
+        elif spec.delay is not None:
+            run_at = check_delay(spec.delay, utcnow())
+        max_retries = spec.max_retries
+        handler = self.registry.lookup(spec.app_id, spec.task_type)
+        if handler is None and self.strict_types:
+            raise UnknownTaskType(unserved_type_message(self.registry, spec.app_id, spec.task_type))
+        if max_retries is None:
+            max_retries = handler.max_retries if handler is not None else None
+        if max_retries is None:
+            max_retries = self.default_max_retries
+        max_retries = check_int("max_retries", max_retries, 0, MAX_RETRIES_MAX)
+        after = _dependencies(spec)
+        if after and not self.storage.capabilities.dependencies:
+            raise InvalidTaskSpec(
+                f"after= needs a store that keeps task dependencies, and"
+                f" {type(self.storage).__name__} does not (docs/backends.md lists each"
+                " backend's gaps); chain the tasks from the handler instead"
+            )
+        return NewTask(
+            id=str(uuid.uuid4()) if task_id is None else task_id,
+            task_type=spec.task_type,
+            params=params,
+            params_json=params_json,
+            app_id=spec.app_id,
+            priority=priority,
+            max_retries=max_retries,
+            run_at=run_at,
+            dedupe_key=spec.dedupe_key,
+            parent_id=spec.parent_id,
+            user_id=spec.user_id,
+            after=after,
+            after_always=spec.after_policy == "always",
+        )
 
     def for_app(self, app_id: str) -> AppTasks:
         """The same task operations bound to one app: they stamp ``app_id`` on what
@@ -468,8 +551,11 @@ class Taskmill(TaskOperations):
             (a RELEASE needs a stop, SUSPENDED or SHUTDOWN; a CANCEL takes USER or
             PREEMPTED).
         """
-        self._check_open()
-        _check_retry_in(retry_in)
+        self.check_open()
+        try:
+            check_retry_delay(retry_in, name="retry_in")
+        except ValueError as exc:
+            raise InvalidInput(str(exc), field="retry_in") from None
         result_json = _result_json(result) if kind is FinishKind.COMPLETE else None
         if kind is FinishKind.CANCEL or kind is FinishKind.RELEASE:
             reason = _stop_reason(kind, reason)
@@ -509,7 +595,7 @@ class Taskmill(TaskOperations):
 
     def worker(
         self, options: WorkerOptions | None = None, /, **overrides: Unpack[WorkerArgs]
-    ) -> Worker:
+    ) -> Worker[Self]:
         """A :class:`~taskmill.worker.Worker` for this object's handlers and storage.
 
         Takes the fields of :class:`~taskmill.WorkerOptions` as keyword arguments
@@ -532,10 +618,10 @@ class Taskmill(TaskOperations):
         *,
         until_idle: bool = False,
         **overrides: Unpack[WorkerArgs],
-    ) -> Worker:
+    ) -> Worker[Self]:
         """Build a worker (as :meth:`worker` does) and run it, until idle or until
         stopped; returns it."""
-        self._check_open()
+        self.check_open()
         worker = self.worker(options, **overrides)
         if until_idle:
             await worker.run_until_idle()
@@ -543,18 +629,25 @@ class Taskmill(TaskOperations):
             await worker.run()
         return worker
 
-    # -- what a worker uses (taskmill.worker_host.WorkerHost) --------------------------
+    # -- what the task operations and workers use (taskmill.hosts) ---------------------
 
-    def attach_worker(self, worker: Worker) -> None:
+    def notify_workers(self) -> None:
+        """Wake this object's running workers in this process: work may be due now
+        (called after an enqueue, a retry or a resume; workers in other processes
+        learn of it from the store)."""
+        for worker in self._workers:
+            worker.notify()
+
+    def attach_worker(self, worker: AttachedWorker) -> None:
         """``worker`` starts serving this object: in-process enqueues wake it, and
         :meth:`close` stops it. Called by the worker itself.
 
         :raises TaskmillError: this object is not open.
         """
-        self._check_open()
+        self.check_open()
         self._workers.add(worker)
 
-    def detach_worker(self, worker: Worker) -> None:
+    def detach_worker(self, worker: AttachedWorker) -> None:
         """``worker`` stopped serving (undoes :meth:`attach_worker`; idempotent)."""
         self._workers.discard(worker)
 
@@ -577,14 +670,24 @@ class Taskmill(TaskOperations):
         options["parent_id"] = parent.id
         return await self.enqueue(task_type, params, **options)
 
-    def _notify_workers(self) -> None:
-        for worker in self._workers:
-            worker.notify()
 
-    async def _tasks_enqueued(self, tasks: list[Task]) -> None:
-        if self.plugins.observes_enqueues:
-            await self.plugins.tasks_enqueued(tasks)
+_AFTER_POLICIES = ("completed", "always")
 
-    async def _tasks_cancelled(self, tasks: list[Task]) -> None:
-        if self.plugins.observes_cancels:
-            await self.plugins.tasks_cancelled(tasks)
+
+def _dependencies(spec: TaskSpec) -> tuple[str, ...]:
+    """``spec.after`` checked and without repeats (in the order given)."""
+    if spec.after_policy not in _AFTER_POLICIES:
+        raise InvalidTaskSpec(
+            f"after_policy must be 'completed' or 'always', got {spec.after_policy!r}"
+        )
+    if not spec.after:
+        return ()
+    for dependency in spec.after:
+        if not isinstance(dependency, str) or not dependency:
+            raise InvalidTaskSpec(f"after= takes task ids (strings), got {dependency!r}")
+    if spec.dedupe_key is not None:
+        raise InvalidTaskSpec(
+            "a task with after= cannot have a dedupe_key: an alias takes its leader's "
+            "outcome and never waits for dependencies of its own; enqueue it without one"
+        )
+    return tuple(dict.fromkeys(spec.after))

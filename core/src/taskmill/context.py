@@ -1,7 +1,10 @@
 """``Context``: what a running handler sees of its task and how it talks back.
 
-``ContextControl`` is the worker's side of it: interrupting the handler and reading back
-what it reported.
+What one attempt's handler reported, and whether it was asked to stop, is held by an
+:class:`AttemptControl` that the handler's :class:`Context` writes through its public
+methods. The worker gets that control with the context (:meth:`Context.with_control`)
+and uses it as a :class:`~taskmill.hosts.HandlerControl`: it interrupts the handler,
+times it out, and reads back its reports. Neither touches the other's private state.
 """
 
 from __future__ import annotations
@@ -79,6 +82,138 @@ def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
         return False
 
 
+class AttemptControl:
+    """The state one attempt's handler shares with its worker: the progress and data it
+    reported, and whether it was asked to stop.
+
+    Its :class:`Context` reports through :meth:`report_progress` and :meth:`merge_data`
+    and reads :attr:`cancel_reason` and :attr:`timed_out`; the worker uses the rest
+    (:class:`~taskmill.hosts.HandlerControl`). Safe across threads: a plain ``def``
+    handler reports from its own thread.
+    """
+
+    __slots__ = (
+        "_cancel_reason",
+        "_data",
+        "_data_chars",
+        "_data_dirty",
+        "_lock",
+        "_max_data_bytes",
+        "_on_cancel",
+        "_progress",
+        "_progress_dirty",
+        "_timed_out",
+        "_touched",
+    )
+
+    def __init__(
+        self,
+        task: Task,
+        *,
+        on_cancel: Callable[[], None] | None = None,
+        max_data_bytes: int | None = None,
+    ) -> None:
+        self._max_data_bytes = max_data_bytes
+        self._data_chars = 0 if max_data_bytes is None or not task.data else len(dumps(task.data))
+        self._lock = threading.Lock()
+        self._progress = task.progress
+        self._data: dict[str, JSON] = dict(task.data)
+        self._progress_dirty = False
+        self._data_dirty = False
+        self._touched = False  # progress or data reported at all during this attempt
+        self._cancel_reason: CancelReason | None = None
+        self._timed_out = False
+        self._on_cancel = on_cancel
+
+    # -- the handler's side (through its Context) ------------------------------------
+
+    @property
+    def cancel_reason(self) -> CancelReason | None:
+        """Why the handler was asked to stop, or None."""
+        return self._cancel_reason
+
+    @property
+    def timed_out(self) -> bool:
+        """True once the handler ran past its timeout."""
+        return self._timed_out
+
+    def report_progress(self, done: float, total: float | None, message: str | None) -> None:
+        """Record progress (checked by the caller): ``total`` None keeps the previous
+        total.
+
+        :raises ValueError: ``total`` is not a finite number > 0.
+        """
+        with self._lock:
+            if total is None:
+                total = self._progress.total
+            elif not isinstance(total, int | float) or not is_finite_number(total) or (total <= 0):
+                raise ValueError(f"progress total must be a number > 0, got {total!r}")
+            self._progress = Progress(done=done, total=total, message=message)
+            self._progress_dirty = self._touched = True
+
+    def merge_data(self, values: dict[str, JSON], text: str) -> None:
+        """Merge ``values`` (``text`` is their JSON) into the runtime data.
+
+        :raises InvalidParams: the data would grow past ``max_data_bytes`` as JSON.
+        """
+        with self._lock:
+            limit = self._max_data_bytes
+            # An upper bound of the merged data's JSON length, in characters: the exact
+            # size is computed only when four bytes a character could pass the limit.
+            bound = self._data_chars + len(text)
+            if limit is not None and bound * 4 > limit:
+                merged = dumps({**self._data, **values})
+                size = len(merged.encode())
+                bound = len(merged)
+                if size > limit:
+                    raise InvalidParams(
+                        f"task data would be {size} bytes as JSON, over the {limit} bytes"
+                        " the store keeps in one value; keep large data elsewhere and store"
+                        " a reference",
+                        field="data",
+                    )
+            self._data_chars = bound
+            self._data.update(values)
+            self._data_dirty = self._touched = True
+
+    # -- the worker's side (taskmill.hosts.HandlerControl) -----------------------------
+
+    def on_cancel(self, call: Callable[[], None]) -> None:
+        """Have :meth:`interrupt` call ``call`` (an async handler's task is known only
+        once its context exists)."""
+        self._on_cancel = call
+
+    def interrupt(self, reason: CancelReason) -> None:
+        """Ask the handler to stop. The first reason wins."""
+        if self._cancel_reason is None:
+            self._cancel_reason = reason
+            if self._on_cancel is not None:
+                self._on_cancel()
+
+    def expire(self) -> None:
+        """The handler ran past its timeout (a sync handler's thread keeps running)."""
+        self._timed_out = True
+
+    def take_changes(self) -> tuple[Progress | None, dict[str, JSON] | None]:
+        """What the handler changed since the last call (for a coalesced write)."""
+        with self._lock:
+            progress = self._progress if self._progress_dirty else None
+            data = dict(self._data) if self._data_dirty else None
+            self._progress_dirty = self._data_dirty = False
+        return progress, data
+
+    def final_state(self) -> tuple[Progress | None, dict[str, JSON] | None]:
+        """Everything the handler changed over the attempt (for the finish write)."""
+        if not self._touched:  # most handlers report nothing: skip the lock and compare
+            return None, None
+        # Everything reported, not just what differs from the claimed snapshot: a
+        # coalesced write may have stored an intermediate value meanwhile.
+        with self._lock:
+            progress = self._progress
+            data = dict(self._data)
+        return progress, data
+
+
 class Context:
     """The running handler's view of its task.
 
@@ -98,21 +233,20 @@ class Context:
     ) -> None:
         self._task = task
         self._spawner = spawner
-        self._max_data_bytes = max_data_bytes
-        self._data_chars = 0 if max_data_bytes is None or not task.data else len(dumps(task.data))
+        self._control = AttemptControl(task, on_cancel=on_cancel, max_data_bytes=max_data_bytes)
         try:
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             self._loop = None
-        self._lock = threading.Lock()
-        self._progress = task.progress
-        self._data: dict[str, JSON] = dict(task.data)
-        self._progress_dirty = False
-        self._data_dirty = False
-        self._touched = False  # progress or data reported at all during this attempt
-        self._cancel_reason: CancelReason | None = None
-        self._timed_out = False
-        self._on_cancel = on_cancel
+
+    @classmethod
+    def with_control(
+        cls, task: Task, *, spawner: Spawner | None = None, max_data_bytes: int | None = None
+    ) -> tuple[Context, AttemptControl]:
+        """A context for a handler a worker runs, and the worker's control of it (see
+        :class:`~taskmill.hosts.HandlerControl`). A handler never needs this."""
+        ctx = cls(task, spawner=spawner, max_data_bytes=max_data_bytes)
+        return ctx, ctx._control
 
     @property
     def task(self) -> Task:
@@ -123,12 +257,13 @@ class Context:
     def cancelled(self) -> bool:
         """True once the task has been asked to stop (cancel, suspension, shutdown, or
         its handler's timeout passed)."""
-        return self._cancel_reason is not None or self._timed_out
+        control = self._control
+        return control.cancel_reason is not None or control.timed_out
 
     @property
     def cancel_reason(self) -> CancelReason | None:
         """Why the task was asked to stop, or None."""
-        return self._cancel_reason
+        return self._control.cancel_reason
 
     def check_cancelled(self) -> None:
         """Raise :class:`~taskmill.Cancelled` if the task has been asked to stop.
@@ -137,10 +272,10 @@ class Context:
         PREEMPTED) or puts the task back without spending the attempt (SUSPENDED,
         SHUTDOWN).
         """
-        reason = self._cancel_reason
+        reason = self._control.cancel_reason
         if reason is not None:
             raise Cancelled(f"task {self._task.id} was cancelled ({reason.value})")
-        if self._timed_out:
+        if self._control.timed_out:
             raise Cancelled(f"task {self._task.id} ran past its timeout")
 
     def progress(
@@ -159,13 +294,7 @@ class Context:
             raise ValueError(f"progress done must be a finite number, got {done!r}")
         if message is not None:
             check_key("progress message", message, PROGRESS_MESSAGE_MAX)
-        with self._lock:
-            if total is None:
-                total = self._progress.total
-            elif not isinstance(total, int | float) or not is_finite_number(total) or (total <= 0):
-                raise ValueError(f"progress total must be a number > 0, got {total!r}")
-            self._progress = Progress(done=done, total=total, message=message)
-            self._progress_dirty = self._touched = True
+        self._control.report_progress(done, total, message)
         return _DONE
 
     def set_data(self, **values: JSON) -> Awaitable[None]:
@@ -187,25 +316,7 @@ class Context:
                 " (often bytes decoded with errors='surrogateescape'); decode it properly",
                 field="data",
             )
-        with self._lock:
-            limit = self._max_data_bytes
-            # An upper bound of the merged data's JSON length, in characters: the exact
-            # size is computed only when four bytes a character could pass the limit.
-            bound = self._data_chars + len(text)
-            if limit is not None and bound * 4 > limit:
-                merged = dumps({**self._data, **values})
-                size = len(merged.encode())
-                bound = len(merged)
-                if size > limit:
-                    raise InvalidParams(
-                        f"task data would be {size} bytes as JSON, over the {limit} bytes"
-                        " the store keeps in one value; keep large data elsewhere and store"
-                        " a reference",
-                        field="data",
-                    )
-            self._data_chars = bound
-            self._data.update(values)
-            self._data_dirty = self._touched = True
+        self._control.merge_data(values, text)
         return _DONE
 
     def spawn(
@@ -229,50 +340,15 @@ class Context:
 
 
 class ContextControl:
-    """The worker's side of the :class:`Context` objects it gives handlers.
+    """Interrupting a handler for a caller that holds its :class:`Context` only.
 
-    For the worker only: it interrupts a handler, marks it timed out, and reads back
-    what the handler reported. A handler sees none of this; it sees :class:`Context`.
+    The worker keeps each attempt's :class:`AttemptControl` and calls it directly; this
+    serves :mod:`taskmill.leases`, which still reaches the control through the context.
     """
 
     __slots__ = ()
 
     @staticmethod
-    def set_on_cancel(ctx: Context, on_cancel: Callable[[], None]) -> None:
-        """Have :meth:`interrupt` call ``on_cancel`` (an async handler's task is known
-        only once its context exists)."""
-        ctx._on_cancel = on_cancel
-
-    @staticmethod
     def interrupt(ctx: Context, reason: CancelReason) -> None:
-        """Ask the handler to stop. The first reason wins."""
-        if ctx._cancel_reason is None:
-            ctx._cancel_reason = reason
-            if ctx._on_cancel is not None:
-                ctx._on_cancel()
-
-    @staticmethod
-    def expire(ctx: Context) -> None:
-        """The handler ran past its timeout (a sync handler's thread keeps running)."""
-        ctx._timed_out = True
-
-    @staticmethod
-    def take_changes(ctx: Context) -> tuple[Progress | None, dict[str, JSON] | None]:
-        """What the handler changed since the last call (for a coalesced write)."""
-        with ctx._lock:
-            progress = ctx._progress if ctx._progress_dirty else None
-            data = dict(ctx._data) if ctx._data_dirty else None
-            ctx._progress_dirty = ctx._data_dirty = False
-        return progress, data
-
-    @staticmethod
-    def final_state(ctx: Context) -> tuple[Progress | None, dict[str, JSON] | None]:
-        """Everything the handler changed over the attempt (for the finish write)."""
-        if not ctx._touched:  # most handlers report nothing: skip the lock and compare
-            return None, None
-        # Everything reported, not just what differs from the claimed snapshot: a
-        # coalesced write may have stored an intermediate value meanwhile.
-        with ctx._lock:
-            progress = ctx._progress
-            data = dict(ctx._data)
-        return progress, data
+        """Ask the handler of ``ctx`` to stop (:meth:`AttemptControl.interrupt`)."""
+        ctx._control.interrupt(reason)

@@ -143,6 +143,29 @@ backoff. Declared here, where ``Retry`` checks it; :mod:`taskmill.validation` ho
 other limits and re-exports it."""
 
 
+def check_retry_delay(delay: object, *, name: str) -> None:
+    """Check that ``delay`` (``name`` in the message) is None or a delay a retry may
+    wait: a finite number of seconds (not a bool) from 0 to :data:`DELAY_MAX`.
+
+    The one check of ``Retry(delay=...)`` and of a reported retry's ``retry_in``
+    (``Taskmill.report_detached``). Declared here, beside :data:`DELAY_MAX`, for
+    :class:`Retry`; :mod:`taskmill.validation` re-exports it (it imports this module, so
+    this one cannot import it).
+
+    :raises ValueError: ``delay`` is not such a number.
+    """
+    if delay is not None and not (
+        isinstance(delay, int | float)
+        and not isinstance(delay, bool)
+        and math.isfinite(delay)
+        and 0 <= delay <= DELAY_MAX
+    ):
+        raise ValueError(
+            f"{name} takes a finite number of seconds from 0 to {DELAY_MAX:.0f}"
+            f" (100 years), got {delay!r}"
+        )
+
+
 class Retry(TaskmillError):
     """Raised by a handler to ask for another attempt.
 
@@ -156,16 +179,7 @@ class Retry(TaskmillError):
     """
 
     def __init__(self, delay: float | None = None, message: str | None = None) -> None:
-        if delay is not None and not (
-            isinstance(delay, int | float)
-            and not isinstance(delay, bool)
-            and math.isfinite(delay)
-            and 0 <= delay <= DELAY_MAX
-        ):
-            raise ValueError(
-                "Retry(delay=...) takes a finite number of seconds from 0 to"
-                f" {DELAY_MAX:.0f} (100 years), got {delay!r}"
-            )
+        check_retry_delay(delay, name="Retry(delay=...)")
         self.delay = delay
         super().__init__(message or "handler asked for a retry")
 

@@ -23,9 +23,10 @@ import attrs
 from taskmill import tracebacks
 from taskmill.attempt_hooks import AttemptHooks
 from taskmill.backoff import RetryPolicy
-from taskmill.context import Context, ContextControl
+from taskmill.context import Context
 from taskmill.errors import Cancelled, Detached, Fail, Retry, TaskmillError
 from taskmill.handler_threads import THREADS as HANDLER_THREADS
+from taskmill.hosts import HandlerControl
 from taskmill.lifecycle import FINISHES, decide_retry, finish_kind
 from taskmill.model import AttemptOutcome, CancelReason, Task
 from taskmill.registry import Handler
@@ -49,6 +50,9 @@ class Execution:
     key: HandlerKey
     lease: Lease
     ctx: Context
+    """What the handler sees."""
+    control: HandlerControl
+    """The worker's side of ``ctx``: interrupt the handler, read back its reports."""
     started_at: datetime
     high: bool
     """Taken by a high-priority task (it may use a reserved slot)."""
@@ -227,7 +231,7 @@ class AttemptRunner:
                 retry_delay = decision.retry_in
         if outcome in _FAILED_OUTCOMES:
             log_failed_attempt(task, outcome, kind, error, retry_delay, failure)
-        progress, data = ContextControl.final_state(ctx)
+        progress, data = execution.control.final_state()
         finish = Finish(
             lease=execution.lease,
             kind=kind,
@@ -264,7 +268,7 @@ class AttemptRunner:
         try:
             return await within(future, handler.timeout)
         except TimeoutError:
-            ContextControl.expire(ctx)  # the thread cannot be killed: tell it to stop
+            execution.control.expire()  # the thread cannot be killed: tell it to stop
             raise
 
     def _oversize_result(self, result_json: str) -> str | None:

@@ -5,20 +5,66 @@ A :class:`~taskmill.model.TaskFilter` is a conjunction of :class:`Condition` val
 (:func:`matches`, which is ``TaskFilter.matches``); SQL stores translate the same list
 (:func:`taskmill.sql.filters.translate`), so a filter field added here reaches every
 backend, and no backend decides on its own what a field means.
+
+This module reads a filter through :class:`FilterFields` and a task by attribute name,
+so it imports nothing of :mod:`taskmill.model`, which imports it for
+``TaskFilter.matches``.
 """
 
 from __future__ import annotations
 
 import enum
+from datetime import datetime
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import attrs
 
-if TYPE_CHECKING:
-    from taskmill.model import Task, TaskFilter
+__all__ = ["Condition", "FilterFields", "Op", "conditions", "matches"]
 
-__all__ = ["Condition", "Op", "conditions", "matches"]
+
+class FilterFields(Protocol):
+    """The fields of a :class:`~taskmill.model.TaskFilter` that select tasks (which it
+    satisfies); None, or an empty ``text``, selects every task. Hashable: the
+    conditions of a filter are worked out once (:func:`conditions`)."""
+
+    def __hash__(self) -> int: ...
+
+    @property
+    def app_id(self) -> str | None:
+        """Tasks of this app (None: the host's and every app's)."""
+
+    @property
+    def task_types(self) -> tuple[str, ...] | None:
+        """Tasks of one of these types."""
+
+    @property
+    def statuses(self) -> tuple[object, ...] | None:
+        """Tasks in one of these statuses (``TaskStatus`` values)."""
+
+    @property
+    def parent_id(self) -> str | None:
+        """Children of this task."""
+
+    @property
+    def user_id(self) -> str | None:
+        """Tasks of this user."""
+
+    @property
+    def dedupe_key(self) -> str | None:
+        """Tasks with this dedupe key."""
+
+    @property
+    def created_after(self) -> datetime | None:
+        """Tasks created after this moment."""
+
+    @property
+    def created_before(self) -> datetime | None:
+        """Tasks created before this moment."""
+
+    @property
+    def text(self) -> str | None:
+        """Tasks whose id or dedupe key contains this text."""
 
 
 class Op(enum.Enum):
@@ -48,8 +94,9 @@ class Condition:
         """The fields a CONTAINS condition looks in (one for the other operators)."""
         return tuple(self.field.split("|"))
 
-    def holds(self, task: Task) -> bool:
-        """True when ``task`` satisfies this condition."""
+    def holds(self, task: object) -> bool:
+        """True when ``task`` (a :class:`~taskmill.model.Task`) satisfies this
+        condition."""
         op = self.op
         if op is Op.CONTAINS:
             return any(self.value in (getattr(task, f) or "") for f in self.fields)
@@ -67,7 +114,7 @@ _EQUALITIES = ("app_id", "parent_id", "user_id", "dedupe_key")
 
 
 @lru_cache(maxsize=512)
-def conditions(f: TaskFilter) -> tuple[Condition, ...]:
+def conditions(f: FilterFields) -> tuple[Condition, ...]:
     """The conditions ``f`` stands for, every one of which a selected task satisfies
     (an empty tuple selects everything)."""
     found: list[Condition] = []
@@ -90,6 +137,7 @@ def conditions(f: TaskFilter) -> tuple[Condition, ...]:
     return tuple(found)
 
 
-def matches(f: TaskFilter, task: Task) -> bool:
-    """True when ``task`` is selected by ``f`` (the reference semantics)."""
+def matches(f: FilterFields, task: object) -> bool:
+    """True when ``task`` (a :class:`~taskmill.model.Task`) is selected by ``f`` (the
+    reference semantics)."""
     return all(c.holds(task) for c in conditions(f))

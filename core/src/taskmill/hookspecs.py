@@ -19,15 +19,22 @@ A plugin is a module or object whose functions are marked with
   another: keep them quick, and hand slow work to a task of your own.
 
 docs/plugins.md shows every hook with its exact signature; ``tests/test_plugin_docs.py``
-fails when it and this module disagree.
+fails when it and this module disagree. :class:`CommandRegistrar`, what
+:func:`taskmill_register_commands` receives, is declared here with its hook (also
+importable from :mod:`taskmill.plugins` and :mod:`taskmill.cli`).
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import pluggy
+
+from taskmill.errors import PluginError
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -35,7 +42,6 @@ if TYPE_CHECKING:
     from taskmill.context import Context
     from taskmill.model import AttemptOutcome, CancelReason, Task
     from taskmill.periodic import Schedule
-    from taskmill.plugins import CommandRegistrar
     from taskmill.registry import HandlerRegistrar
     from taskmill.worker import Worker
 
@@ -270,6 +276,49 @@ def taskmill_handler_context(
 
 
 # -- the command line -------------------------------------------------------------------
+
+CommandRun = Callable[[argparse.Namespace, Any], Awaitable[int]]
+"""What a plugin command runs: ``async def run(args, settings) -> int``."""
+LoopFactory = Callable[[], asyncio.AbstractEventLoop]
+"""What makes the event loop of a plugin's command (``CommandRegistrar.add``)."""
+
+
+class CommandRegistrar:
+    """What ``taskmill_register_commands`` receives as ``commands``: adds the plugin's
+    commands to the ``taskmill`` command line."""
+
+    def __init__(
+        self, add: Callable[[str, Any, str, str], argparse.ArgumentParser], source: str
+    ) -> None:
+        self._add = add
+        self.source = source
+        """The plugin adding commands through this object, as warnings name it."""
+        self.names: list[str] = []
+        """The commands added through this object, in order."""
+
+    def add(
+        self,
+        name: str,
+        run: CommandRun,
+        summary: str,
+        description: str = "",
+        *,
+        loop_factory: LoopFactory | None = None,
+    ) -> argparse.ArgumentParser:
+        """Add command ``name`` running ``run(args, settings)``; returns its parser.
+
+        :param loop_factory: makes the event loop ``run`` runs on (for instance
+            ``uvloop.new_event_loop``); default: asyncio's own.
+        :raises PluginError: the name is taken (by taskmill or another plugin).
+        """
+        try:
+            parser = self._add(name, run, summary, description)
+        except argparse.ArgumentError as exc:
+            raise PluginError(f"{self.source}: cannot add command {name!r}: {exc}") from None
+        if loop_factory is not None:
+            parser.set_defaults(loop_factory=loop_factory)
+        self.names.append(name)
+        return parser
 
 
 @hookspec

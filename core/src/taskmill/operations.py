@@ -4,6 +4,10 @@
 ``tm.for_app(app_id)`` returns an :class:`AppTasks` bound to one app, which stamps that
 ``app_id`` on what it creates and sees or touches nothing of another app's tasks (a
 foreign task id behaves exactly like an unknown one).
+
+The operations use their ``Taskmill`` through :class:`~taskmill.hosts.TaskHost` only:
+its store, its plugins, its check of a task spec (``new_task``), ``check_open`` and
+``notify_workers``.
 """
 
 from __future__ import annotations
@@ -13,19 +17,13 @@ import difflib
 import math
 import os
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from taskmill.errors import (
-    InvalidTaskSpec,
-    TaskNotFound,
-    UnknownTaskType,
-    WaitTimeout,
-)
+from taskmill.errors import InvalidTaskSpec, TaskNotFound, WaitTimeout
 from taskmill.model import (
     ACTIVE_STATUSES,
     Attempt,
@@ -39,27 +37,11 @@ from taskmill.model import (
     TaskSpec,
     TaskStatus,
 )
-from taskmill.serialization import encode_params
-from taskmill.storage import NewTask, StoreChange, utcnow
-from taskmill.validation import (
-    APP_ID_MAX,
-    DEDUPE_KEY_MAX,
-    MAX_RETRIES_MAX,
-    PRIORITY_MAX,
-    PRIORITY_MIN,
-    TASK_ID_MAX,
-    TASK_TYPE_MAX,
-    USER_ID_MAX,
-    check_delay,
-    check_int,
-    check_key,
-    check_page,
-    check_run_at,
-    is_task_id,
-)
+from taskmill.storage import StoreChange
+from taskmill.validation import APP_ID_MAX, TASK_TYPE_MAX, check_key, check_page, is_task_id
 
 if TYPE_CHECKING:
-    from taskmill.app import Taskmill
+    from taskmill.hosts import TaskHost
     from taskmill.registry import Handler, HandlerRegistry
 
 TaskSpecLike = TaskSpec | Mapping[str, Any]
@@ -123,7 +105,7 @@ def event_matches(filter: TaskFilter | None, event: TaskEvent) -> bool:
 class TaskOperations:
     """Every task operation, optionally bound to one app (``app_id``)."""
 
-    def __init__(self, host: Taskmill, app_id: str | None) -> None:
+    def __init__(self, host: TaskHost, app_id: str | None) -> None:
         self._host = host
         self._app_id = app_id
 
@@ -178,68 +160,6 @@ class TaskOperations:
         return SuspensionScope(task_type=task_type, app_id=app_id)
 
     # -- enqueueing --------------------------------------------------------------------
-
-    def _new_task(self, spec: TaskSpec, task_id: str | None = None) -> NewTask:
-        host = self._host
-        check_key("task_type", spec.task_type, TASK_TYPE_MAX, empty=False)
-        if spec.app_id is not None:
-            check_key("app_id", spec.app_id, APP_ID_MAX)
-        if spec.dedupe_key is not None:
-            check_key("dedupe_key", spec.dedupe_key, DEDUPE_KEY_MAX)
-        if spec.user_id is not None:
-            check_key("user_id", spec.user_id, USER_ID_MAX)
-        if spec.parent_id is not None:
-            check_key("parent_id", spec.parent_id, TASK_ID_MAX)
-        if task_id is not None:
-            check_key("id", task_id, TASK_ID_MAX, empty=False)
-        for one in spec.after:
-            check_key("after", one, TASK_ID_MAX)
-        priority = check_int("priority", spec.priority, PRIORITY_MIN, PRIORITY_MAX)
-        params = {} if spec.params is None else spec.params
-        max_bytes, limit_of = host.max_params_bytes, "max_params_bytes"
-        ceiling = host.storage.capabilities.max_value_bytes
-        if ceiling is not None and ceiling < max_bytes:
-            max_bytes = ceiling
-            limit_of = f"the most {type(host.storage).__name__} keeps in one value"
-        params_json = encode_params(params, max_bytes=max_bytes, limit_of=limit_of)
-        if spec.run_at is not None and spec.delay is not None:
-            raise InvalidTaskSpec("give run_at or delay, not both", field="delay")
-        run_at = None
-        if spec.run_at is not None:
-            run_at = check_run_at(spec.run_at)
-        elif spec.delay is not None:
-            run_at = check_delay(spec.delay, utcnow())
-        max_retries = spec.max_retries
-        handler = host.registry.lookup(spec.app_id, spec.task_type)
-        if handler is None and host.strict_types:
-            raise UnknownTaskType(unserved_type_message(host.registry, spec.app_id, spec.task_type))
-        if max_retries is None:
-            max_retries = handler.max_retries if handler is not None else None
-        if max_retries is None:
-            max_retries = host.default_max_retries
-        max_retries = check_int("max_retries", max_retries, 0, MAX_RETRIES_MAX)
-        after = _dependencies(spec)
-        if after and not host.storage.capabilities.dependencies:
-            raise InvalidTaskSpec(
-                f"after= needs a store that keeps task dependencies, and"
-                f" {type(host.storage).__name__} does not (docs/backends.md lists each"
-                " backend's gaps); chain the tasks from the handler instead"
-            )
-        return NewTask(
-            id=str(uuid.uuid4()) if task_id is None else task_id,
-            task_type=spec.task_type,
-            params=params,
-            params_json=params_json,
-            app_id=spec.app_id,
-            priority=priority,
-            max_retries=max_retries,
-            run_at=run_at,
-            dedupe_key=spec.dedupe_key,
-            parent_id=spec.parent_id,
-            user_id=spec.user_id,
-            after=after,
-            after_always=spec.after_policy == "always",
-        )
 
     async def enqueue(
         self,
@@ -307,7 +227,8 @@ class TaskOperations:
         return await self._enqueue_specs([TaskSpec.from_value(s) for s in specs])
 
     async def _enqueue_specs(self, specs: list[TaskSpec]) -> list[Task]:
-        self._host._check_open()
+        host = self._host
+        host.check_open()
         if not specs:
             return []
         specs = [self._stamped(spec) for spec in specs]
@@ -315,12 +236,11 @@ class TaskOperations:
             for parent_id in {s.parent_id for s in specs if s.parent_id is not None}:
                 await self._require(parent_id)
         ids = _fresh_ids(len(specs))
-        new_tasks = [
-            self._new_task(spec, task_id) for spec, task_id in zip(specs, ids, strict=True)
-        ]
-        tasks = await self._host.storage.enqueue(new_tasks)
-        self._host._notify_workers()
-        await self._host._tasks_enqueued(tasks)
+        new_tasks = [host.new_task(spec, task_id) for spec, task_id in zip(specs, ids, strict=True)]
+        tasks = await host.storage.enqueue(new_tasks)
+        host.notify_workers()
+        if host.plugins.observes_enqueues:
+            await host.plugins.tasks_enqueued(tasks)
         return tasks
 
     async def batch_children(self, parent_id: str, specs: Iterable[TaskSpecLike]) -> list[Task]:
@@ -332,7 +252,7 @@ class TaskOperations:
 
         :raises TaskNotFound: no such parent (for an app-bound client: not its task).
         """
-        self._host._check_open()
+        self._host.check_open()
         parent = await self._require(parent_id)
         children = []
         for value in specs:
@@ -349,7 +269,7 @@ class TaskOperations:
 
     async def get(self, task_id: str) -> Task | None:
         """The task's current snapshot, or None."""
-        self._host._check_open()
+        self._host.check_open()
         return self._visible(await self._stored(task_id))
 
     async def _stored(self, task_id: str) -> Task | None:
@@ -375,7 +295,7 @@ class TaskOperations:
             (unknown, or another app's) selects nothing.
         :raises InvalidTaskSpec: ``limit`` or ``offset`` is not an int from 0 to 2**31-1.
         """
-        self._host._check_open()
+        self._host.check_open()
         check_page(limit, offset)
         if after is not None and (
             not is_task_id(after) or (self._app_id is not None and await self.get(after) is None)
@@ -396,7 +316,7 @@ class TaskOperations:
         :raises WaitTimeout: still active after ``timeout`` seconds.
         :raises InvalidTaskSpec: ``timeout`` is not None or a finite number >= 0.
         """
-        self._host._check_open()
+        self._host.check_open()
         if timeout is not None and (
             isinstance(timeout, bool)
             or not isinstance(timeout, int | float)
@@ -421,7 +341,7 @@ class TaskOperations:
     async def attempts(self, task_id: str) -> list[Attempt]:
         """The task's execution log, one row per attempt, oldest first (empty for an
         unknown or foreign id)."""
-        self._host._check_open()
+        self._host.check_open()
         if not is_task_id(task_id) or (
             self._app_id is not None and await self.get(task_id) is None
         ):
@@ -431,7 +351,7 @@ class TaskOperations:
     async def progress_summary(self, filter: TaskFilter | None = None) -> ProgressSummary:
         """Counts by status (and the share finished) of the tasks ``filter`` selects,
         computed by the store."""
-        self._host._check_open()
+        self._host.check_open()
         return await self._host.storage.summary(self._scoped(filter))
 
     def events(
@@ -462,14 +382,14 @@ class TaskOperations:
     ) -> AsyncIterator[TaskEvent]:
         """Like :meth:`events`, but the subscription starts now, before this returns:
         every change committed after the ``await`` is delivered."""
-        self._host._check_open()
+        self._host.check_open()
         _, cursor = await self._host.storage.read_events(None)
         return self._event_stream(filter, cursor, poll_interval)
 
     async def _event_stream(
         self, filter: TaskFilter | None, since: str | None, poll_interval: float
     ) -> AsyncIterator[TaskEvent]:
-        self._host._check_open()
+        self._host.check_open()
         selected = self._scoped(filter) if (filter or self._app_id) else None
         storage = self._host.storage
         cursor = since
@@ -504,10 +424,10 @@ class TaskOperations:
         :raises TaskNotFound: no such task.
         :raises InvalidTransition: the task is not FAILED or CANCELLED.
         """
-        self._host._check_open()
+        self._host.check_open()
         await self._require(task_id)
         task = await self._host.storage.retry(task_id)
-        self._host._notify_workers()
+        self._host.notify_workers()
         return task
 
     async def cancel(
@@ -525,13 +445,13 @@ class TaskOperations:
         :raises TaskNotFound: no such task.
         :raises InvalidTaskSpec: ``reason`` is not a :class:`CancelReason`.
         """
-        self._host._check_open()
+        self._host.check_open()
         reason = _cancel_reason(reason)
         await self._require(task_id)
         changed = await self._host.storage.cancel(
             task_ids=[task_id], reason=reason, cascade=cascade
         )
-        await self._host._tasks_cancelled(changed)
+        await self._cancelled(changed)
         return await self._require(task_id)
 
     async def cancel_by_filter(
@@ -543,7 +463,7 @@ class TaskOperations:
     ) -> int:
         """Cancel every active task ``filter`` selects; returns how many tasks changed
         (cascaded children and aliases included)."""
-        self._host._check_open()
+        self._host.check_open()
         reason = _cancel_reason(reason)
         scoped = self._scoped(filter)
         wanted = ACTIVE_STATUSES if scoped.statuses is None else set(scoped.statuses)
@@ -552,8 +472,13 @@ class TaskOperations:
             return 0
         scoped = attrs.evolve(scoped, statuses=active)
         changed = await self._host.storage.cancel(filter=scoped, reason=reason, cascade=cascade)
-        await self._host._tasks_cancelled(changed)
+        await self._cancelled(changed)
         return len(changed)
+
+    async def _cancelled(self, changed: list[Task]) -> None:
+        plugins = self._host.plugins
+        if plugins.observes_cancels:
+            await plugins.tasks_cancelled(changed)
 
     async def preempt(
         self, task_type: str, *, app_id: str | None = None, dedupe_key: str | None = None
@@ -572,20 +497,20 @@ class TaskOperations:
         None), and send its running tasks back to PENDING without spending an attempt.
         Stored, so it holds across processes and restarts until :meth:`resume`.
         Returns how many running tasks were interrupted."""
-        self._host._check_open()
+        self._host.check_open()
         return await self._host.storage.suspend(self._scope(task_type, app_id))
 
     async def resume(self, task_type: str | None = None, *, app_id: str | None = None) -> bool:
         """Lift exactly the suspension ``suspend(task_type, app_id=...)`` stored.
         Returns whether there was one."""
-        self._host._check_open()
+        self._host.check_open()
         resumed = await self._host.storage.resume(self._scope(task_type, app_id))
-        self._host._notify_workers()
+        self._host.notify_workers()
         return resumed
 
     async def suspensions(self) -> list[SuspensionScope]:
         """The stored suspensions (for an app-bound client: those of its app)."""
-        self._host._check_open()
+        self._host.check_open()
         scopes = await self._host.storage.suspensions()
         if self._app_id is None:
             return scopes
@@ -595,7 +520,7 @@ class TaskOperations:
 class AppTasks(TaskOperations):
     """Task operations bound to one app: see :meth:`Taskmill.for_app`."""
 
-    def __init__(self, host: Taskmill, app_id: str) -> None:
+    def __init__(self, host: TaskHost, app_id: str) -> None:
         if not app_id or not isinstance(app_id, str):
             raise InvalidTaskSpec("an app id is a non-empty string", field="app_id")
         check_key("app_id", app_id, APP_ID_MAX)
@@ -603,28 +528,6 @@ class AppTasks(TaskOperations):
 
     def __repr__(self) -> str:
         return f"AppTasks(app_id={self._app_id!r}, url={self._host.url!r})"
-
-
-_AFTER_POLICIES = ("completed", "always")
-
-
-def _dependencies(spec: TaskSpec) -> tuple[str, ...]:
-    """``spec.after`` checked and without repeats (in the order given)."""
-    if spec.after_policy not in _AFTER_POLICIES:
-        raise InvalidTaskSpec(
-            f"after_policy must be 'completed' or 'always', got {spec.after_policy!r}"
-        )
-    if not spec.after:
-        return ()
-    for dependency in spec.after:
-        if not isinstance(dependency, str) or not dependency:
-            raise InvalidTaskSpec(f"after= takes task ids (strings), got {dependency!r}")
-    if spec.dedupe_key is not None:
-        raise InvalidTaskSpec(
-            "a task with after= cannot have a dedupe_key: an alias takes its leader's "
-            "outcome and never waits for dependencies of its own; enqueue it without one"
-        )
-    return tuple(dict.fromkeys(spec.after))
 
 
 def _cancel_reason(reason: object) -> CancelReason:

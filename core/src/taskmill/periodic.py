@@ -44,7 +44,7 @@ from taskmill.validation import (
 )
 
 if TYPE_CHECKING:
-    from taskmill.app import Taskmill
+    from taskmill.hosts import ScheduleHost
     from taskmill.model import Task
 
 __all__ = [
@@ -307,12 +307,39 @@ class Scheduler:
     every ``interval`` seconds (sooner when a fire is due), the fires that came due
     since its last pass. Every enqueue uses the fire's deterministic id, so running
     many schedulers at once enqueues each fire once.
+
+    ``taskmill`` (a :class:`~taskmill.Taskmill`) is used through
+    :class:`~taskmill.hosts.ScheduleHost` only: its schedules, its store, and its check
+    of a task spec (``new_task``).
     """
 
-    def __init__(self, taskmill: Taskmill, *, interval: float = 1.0) -> None:
+    def __init__(self, taskmill: ScheduleHost[Schedule], *, interval: float = 1.0) -> None:
         self.taskmill = taskmill
         self.interval = interval
         self._marks: dict[tuple[str | None, str], datetime] = {}
+
+    def has_schedules(self) -> bool:
+        """True when the host has a schedule to fire (now; schedules may be added)."""
+        return next(iter(self.taskmill.schedules), None) is not None
+
+    def check_against_cleanup(self, older_than: timedelta | None) -> None:
+        """Refuse a cleanup that deletes finished tasks after ``older_than`` (None:
+        never) when a starting scheduler may enqueue fires from further back: a fire
+        deleted and enqueued again would run twice (see docs/scheduling.md).
+
+        :raises ConfigurationError: a schedule looks back ``older_than`` or further.
+        """
+        if older_than is None:
+            return
+        for schedule in self.taskmill.schedules:
+            if schedule.lookback >= older_than:
+                raise ConfigurationError(
+                    f"schedule {schedule.name!r} may enqueue fires from the last"
+                    f" {schedule.lookback} but this worker deletes finished tasks"
+                    f" after {older_than}, so a fire could run twice; make"
+                    " cleanup_older_than longer than the schedule's catch_up_window, or"
+                    " the window shorter"
+                )
 
     def fire(self, schedule: Schedule, at: datetime) -> NewTask:
         """The task of ``schedule``'s fire at ``at``: its fire id, due at ``at``."""
@@ -323,7 +350,7 @@ class Scheduler:
             priority=schedule.priority,
             max_retries=schedule.max_retries,
         )
-        new = self.taskmill._new_task(spec)
+        new = self.taskmill.new_task(spec)
         return attrs.evolve(new, id=schedule.fire_id(at), run_at=at)
 
     async def run_once(self, now: datetime | None = None) -> list[Task]:

@@ -26,7 +26,6 @@ error handling, lives here.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import difflib
 import inspect
 import logging
@@ -34,7 +33,7 @@ import os
 from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping
 from datetime import datetime
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import attrs
 import pluggy
@@ -42,13 +41,11 @@ import pluggy
 from taskmill import hookspecs
 from taskmill.context import Context
 from taskmill.errors import HandlerConflict, PluginError
+from taskmill.hookspecs import CommandRegistrar as CommandRegistrar  # its old home
 from taskmill.model import AttemptOutcome, CancelReason, Task, TaskStatus
+from taskmill.periodic import Schedule
 from taskmill.registry import Handler, HandlerRegistrar, HandlerRegistry
 from taskmill.storage import Finish, FinishKind, utcnow
-
-if TYPE_CHECKING:
-    from taskmill.periodic import Schedule
-    from taskmill.worker import Worker
 
 ENTRY_POINT_GROUP = "taskmill.plugins"
 DISABLE_ENV = "TASKMILL_DISABLE_PLUGINS"
@@ -102,50 +99,6 @@ class BrokenPlugin:
     """That distribution's version."""
     error: str
     """Why it could not be loaded, and what to do (the :class:`PluginError` message)."""
-
-
-CommandRun = Callable[[argparse.Namespace, Any], Awaitable[int]]
-"""What a plugin command runs: ``async def run(args, settings) -> int``."""
-LoopFactory = Callable[[], asyncio.AbstractEventLoop]
-"""What makes the event loop of a plugin's command (``CommandRegistrar.add``)."""
-
-
-class CommandRegistrar:
-    """What ``taskmill_register_commands`` receives as ``commands``: adds the plugin's
-    commands to the ``taskmill`` command line."""
-
-    def __init__(
-        self, add: Callable[[str, Any, str, str], argparse.ArgumentParser], source: str
-    ) -> None:
-        self._add = add
-        self.source = source
-        """The plugin adding commands through this object, as warnings name it."""
-        self.names: list[str] = []
-        """The commands added through this object, in order."""
-
-    def add(
-        self,
-        name: str,
-        run: CommandRun,
-        summary: str,
-        description: str = "",
-        *,
-        loop_factory: LoopFactory | None = None,
-    ) -> argparse.ArgumentParser:
-        """Add command ``name`` running ``run(args, settings)``; returns its parser.
-
-        :param loop_factory: makes the event loop ``run`` runs on (for instance
-            ``uvloop.new_event_loop``); default: asyncio's own.
-        :raises PluginError: the name is taken (by taskmill or another plugin).
-        """
-        try:
-            parser = self._add(name, run, summary, description)
-        except argparse.ArgumentError as exc:
-            raise PluginError(f"{self.source}: cannot add command {name!r}: {exc}") from None
-        if loop_factory is not None:
-            parser.set_defaults(loop_factory=loop_factory)
-        self.names.append(name)
-        return parser
 
 
 def add_plugin_commands(
@@ -601,11 +554,11 @@ class Plugins:
                     "taskmill_task_retried", task=task, error=task.error, delay=delay
                 )
 
-    async def worker_started(self, worker: Worker) -> None:
-        """``taskmill_worker_started``."""
+    async def worker_started(self, worker: object) -> None:
+        """``taskmill_worker_started`` (``worker``: the :class:`~taskmill.Worker`)."""
         await self._notify("taskmill_worker_started", worker=worker)
 
-    async def worker_stopped(self, worker: Worker) -> None:
+    async def worker_stopped(self, worker: object) -> None:
         """``taskmill_worker_stopped``."""
         await self._notify("taskmill_worker_stopped", worker=worker)
 
@@ -677,8 +630,6 @@ class Plugins:
         :raises PluginError: a plugin's hook raised, is ``async``, or returned something
             other than :class:`~taskmill.periodic.Schedule` objects.
         """
-        from taskmill.periodic import Schedule
-
         found: list[Schedule] = []
         for impl in reversed(self._impls["taskmill_register_schedules"]):
             label = self._label(impl.plugin_name)

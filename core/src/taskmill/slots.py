@@ -18,7 +18,7 @@ from datetime import datetime
 
 from taskmill.attempt_hooks import AttemptHooks
 from taskmill.backoff import RetryPolicy
-from taskmill.context import Context, ContextControl, Spawner
+from taskmill.context import Context, Spawner
 from taskmill.errors import log_retried_failure
 from taskmill.execution import AttemptRunner, Execution, cancel_soon
 from taskmill.model import AttemptOutcome, Priority, Task
@@ -128,16 +128,16 @@ class Slots:
             )
             return
         key = handler.key
+        ctx, control = Context.with_control(
+            task, spawner=self._spawner, max_data_bytes=self._storage.capabilities.max_value_bytes
+        )
         execution = Execution(
             task=task,
             handler=handler,
             key=key,
             lease=lease,
-            ctx=Context(
-                task,
-                spawner=self._spawner,
-                max_data_bytes=self._storage.capabilities.max_value_bytes,
-            ),
+            ctx=ctx,
+            control=control,
             started_at=now,
             high=task.priority >= HIGH_PRIORITY,
         )
@@ -150,7 +150,7 @@ class Slots:
         if handler.is_async:
             # Bound to the future, not the execution: no reference cycle outlives the
             # attempt, so a finished execution is freed at once instead of by the GC.
-            ContextControl.set_on_cancel(execution.ctx, functools.partial(cancel_soon, future))
+            control.on_cancel(functools.partial(cancel_soon, future))
 
     def free(self, execution: Execution) -> None:
         """The attempt ended (or was given up): its slot takes the next task."""
@@ -222,7 +222,7 @@ class Slots:
             await asyncio.sleep(interval)
             updates = []
             for execution in self.running.values():
-                progress, data = ContextControl.take_changes(execution.ctx)
+                progress, data = execution.control.take_changes()
                 if progress is not None or data is not None:
                     updates.append(
                         ProgressUpdate(lease=execution.lease, progress=progress, data=data)

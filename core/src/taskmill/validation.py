@@ -18,7 +18,7 @@ from typing import Final
 
 import attrs
 
-from taskmill.errors import DELAY_MAX, InvalidTaskSpec
+from taskmill.errors import DELAY_MAX, InvalidTaskSpec, check_retry_delay
 
 __all__ = [
     "APP_ID_MAX",
@@ -45,6 +45,7 @@ __all__ = [
     "check_key",
     "check_older_than",
     "check_page",
+    "check_retry_delay",
     "check_run_at",
     "check_timeout",
     "is_key",

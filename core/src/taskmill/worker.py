@@ -26,28 +26,34 @@ import signal
 import socket
 import threading
 import time
+import typing
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Generic
 
 from taskmill.backoff import RetryPolicy
 from taskmill.claiming import Claimer
-from taskmill.context import ContextControl
 from taskmill.errors import ConfigurationError, log_retried_failure
 from taskmill.finish_writer import MAX_FINISH_BATCH, SLOW_WRITE_SECONDS, FinishWriter
+from taskmill.hosts import ServingHost
 from taskmill.leases import LeaseKeeper
 from taskmill.model import AttemptOutcome, CancelReason
-from taskmill.periodic import Scheduler
+from taskmill.periodic import Schedule, Scheduler
 from taskmill.registry import Handler
 from taskmill.signals import SignalRouter, exit_after_second_signal
 from taskmill.slots import Slots
 from taskmill.storage import ChangeListener, Finish, FinishKind, StoreChange, utcnow
 from taskmill.waiting import cancel_and_wait, wait_event, within
-from taskmill.worker_host import WorkerHost
 from taskmill.worker_options import WorkerOptions
 
 if TYPE_CHECKING:
-    from taskmill.app import Taskmill
+    # A default (PEP 696) lets ``Worker`` alone, as plugins annotate hook arguments,
+    # mean ``Worker[Any]``; Python 3.11's TypeVar takes no default at run time.
+    from typing_extensions import TypeVar
+
+    HostT = TypeVar("HostT", bound=ServingHost[Schedule], default=Any)
+else:
+    HostT = typing.TypeVar("HostT", bound=ServingHost[Schedule])
 
 __all__ = ["MAX_FINISH_BATCH", "SLOW_WRITE_SECONDS", "Worker", "default_worker_id"]
 
@@ -69,19 +75,24 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-class Worker:
+class Worker(Generic[HostT]):
     """Runs the handlers of a :class:`~taskmill.Taskmill` against its storage.
 
     Build one with ``tm.worker(...)`` (its keyword arguments are the fields of
     :class:`~taskmill.WorkerOptions`). Use :meth:`run` (until :meth:`stop` or
     SIGTERM/SIGINT), :meth:`run_until_idle`, or :meth:`tick` from a loop you own. The
-    worker uses its ``Taskmill`` only through :class:`~taskmill.WorkerHost`.
+    worker uses its ``Taskmill`` only through :class:`~taskmill.WorkerHost` (and fires
+    its schedules through a :class:`~taskmill.periodic.Scheduler`): see
+    :mod:`taskmill.hosts`.
+
+    ``Worker[H]`` serves a host of type ``H``: ``tm.worker()`` returns a
+    ``Worker[Taskmill]``, whose :attr:`taskmill` is typed ``Taskmill``. ``Worker`` alone
+    is ``Worker[Any]``.
     """
 
-    def __init__(self, taskmill: Taskmill, options: WorkerOptions | None = None) -> None:
+    def __init__(self, taskmill: HostT, options: WorkerOptions | None = None) -> None:
         options = options or WorkerOptions()
-        self._taskmill = taskmill
-        self._host: WorkerHost = taskmill
+        self._host: HostT = taskmill
         self.options = options
         """What the worker was built with (the attributes below resolve its defaults)."""
         concurrency = options.concurrency
@@ -184,9 +195,9 @@ class Worker:
     # -- public API -------------------------------------------------------------------
 
     @property
-    def taskmill(self) -> Taskmill:
+    def taskmill(self) -> HostT:
         """The :class:`~taskmill.Taskmill` whose handlers and storage this worker uses."""
-        return self._taskmill
+        return self._host
 
     @property
     def running(self) -> int:
@@ -296,8 +307,10 @@ class Worker:
     async def _serve(self, *, until_idle: bool) -> None:
         if self._active:
             raise RuntimeError("this worker is already running")
+        scheduler = None
         if self.run_schedules and not until_idle:
-            self._check_schedules_against_cleanup()
+            scheduler = Scheduler(self._host, interval=self.poll_interval)
+            scheduler.check_against_cleanup(self.cleanup_older_than)
         self._check_limits_supported()
         self._prepare()
         assert self._stopped is not None
@@ -319,12 +332,11 @@ class Worker:
                 ),
                 asyncio.create_task(self._housekeeping_loop(), name="taskmill-rescue"),
             ]
-            schedules = self._taskmill.schedules
-            if self.run_schedules and schedules and not until_idle:
-                self.scheduler = Scheduler(self._taskmill, interval=self.poll_interval)
+            if scheduler is not None and scheduler.has_schedules():
+                self.scheduler = scheduler
                 self._background.append(
                     asyncio.create_task(
-                        self.scheduler.run(on_enqueued=[lambda _: self.notify()]),
+                        scheduler.run(on_enqueued=[lambda _: self.notify()]),
                         name="taskmill-scheduler",
                     )
                 )
@@ -362,22 +374,6 @@ class Worker:
                 " limits in its claims (docs/backends.md lists each backend's gaps);"
                 " remove those options or use another store"
             )
-
-    def _check_schedules_against_cleanup(self) -> None:
-        """Refuse a ``cleanup_older_than`` that could delete a fire a starting
-        scheduler would enqueue again (a double fire; see docs/scheduling.md)."""
-        older_than = self.cleanup_older_than
-        if older_than is None:
-            return
-        for schedule in self._taskmill.schedules:
-            if schedule.lookback >= older_than:
-                raise ConfigurationError(
-                    f"schedule {schedule.name!r} may enqueue fires from the last"
-                    f" {schedule.lookback} but this worker deletes finished tasks"
-                    f" after {older_than}, so a fire could run twice; make"
-                    " cleanup_older_than longer than the schedule's catch_up_window, or"
-                    " the window shorter"
-                )
 
     async def _claim_loop(self, *, until_idle: bool) -> None:
         assert self._wake is not None
@@ -520,7 +516,7 @@ class Worker:
             await asyncio.wait(futures, timeout=min(remaining, 0.1))
         leftover = list(slots.running.values())
         for execution in leftover:
-            ContextControl.interrupt(execution.ctx, CancelReason.SHUTDOWN)
+            execution.control.interrupt(CancelReason.SHUTDOWN)
         if leftover:
             log.warning(
                 "stopping: interrupting %d tasks still running; they go back to "

@@ -24,12 +24,22 @@ tasks, and is left out, with a warning, by those that only read. Handler modules
 (``--import MODULE``, or the ``imports`` setting) expose ``register(tm: Taskmill) ->
 None``, which registers more handlers on the ``Taskmill`` the command built.
 
+This package's names (``__all__``) are its public API, and all a plugin command needs
+to behave like taskmill's own commands (docs/plugins.md, "Adding commands"): the
+:class:`CommandRegistrar` it is added through and the :class:`Settings` it runs with;
+the ``Taskmill`` its settings describe (:func:`new_taskmill`, :func:`load_plugins`,
+:func:`open_taskmill`); argument types that fail with taskmill's messages
+(:func:`positive_int`, ...); the stdout :func:`console` and the small formats of
+taskmill's tables (:func:`short`, :func:`redacted`, ...); the ``error:``/``warning:``
+lines and the exit statuses. Plugins import these from ``taskmill.cli`` only: its
+submodules are internal.
+
 The package: :mod:`~taskmill.cli.parser` (the parser and global options),
 :mod:`~taskmill.cli.commands` (taskmill's own commands, by group),
 :mod:`~taskmill.cli.session` (the ``Taskmill`` a command opens),
 :mod:`~taskmill.cli.rendering` (tables and JSON), :mod:`~taskmill.cli.messages`
 (``error:``/``warning:`` lines, the log, exit statuses) and
-:mod:`~taskmill.cli.arguments` (argument types, for plugin commands too).
+:mod:`~taskmill.cli.arguments` (argument types).
 """
 
 from __future__ import annotations
@@ -39,7 +49,16 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from taskmill.cli.arguments import Command
+from taskmill.cli.arguments import (
+    Command,
+    duration,
+    json_object,
+    non_negative_float,
+    non_negative_int,
+    positive_int,
+    priority,
+    status,
+)
 from taskmill.cli.messages import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -47,6 +66,8 @@ from taskmill.cli.messages import (
     EXIT_OK,
     configure_logging,
     error,
+    note,
+    warn,
 )
 from taskmill.cli.parser import (
     UnknownCommand,
@@ -54,16 +75,51 @@ from taskmill.cli.parser import (
     command_line_settings,
     config_file_option,
 )
+from taskmill.cli.rendering import (
+    console,
+    pct,
+    print_json,
+    priority_name,
+    redacted,
+    short,
+    truncate,
+)
+from taskmill.cli.session import load_plugins, new_taskmill, open_taskmill
+from taskmill.discovery import DEFAULT_URL
 from taskmill.errors import TaskmillError, TaskNotFound
+from taskmill.hookspecs import CommandRegistrar
 from taskmill.settings import Settings, load_settings
 
 __all__ = [
+    "DEFAULT_URL",
     "EXIT_ERROR",
     "EXIT_INTERRUPTED",
     "EXIT_NOT_FOUND",
     "EXIT_OK",
+    "CommandRegistrar",
+    "Settings",
     "build_parser",
+    "console",
+    "duration",
+    "error",
+    "json_object",
+    "load_plugins",
     "main",
+    "new_taskmill",
+    "non_negative_float",
+    "non_negative_int",
+    "note",
+    "open_taskmill",
+    "pct",
+    "positive_int",
+    "print_json",
+    "priority",
+    "priority_name",
+    "redacted",
+    "short",
+    "status",
+    "truncate",
+    "warn",
 ]
 
 

@@ -3,7 +3,7 @@ that check a value as argparse reads it, and the options several commands share.
 
 Plugin commands (``taskmill_register_commands``) may use the argument types too, so
 that their options read and fail like taskmill's own (``--tasks 0``: "must be at least
-1, got 0").
+1, got 0"); they import them from :mod:`taskmill.cli`, which exports them.
 """
 
 from __future__ import annotations

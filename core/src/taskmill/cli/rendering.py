@@ -2,7 +2,8 @@
 formats both share (short ids, ages, percentages, priorities by name).
 
 Tables go to a stdout :func:`console` that is wide on a pipe, so that rows do not
-wrap. Plugin commands may use these too, to print like taskmill's own commands.
+wrap. Plugin commands may use these too, to print like taskmill's own commands: the
+ones :mod:`taskmill.cli` exports (plugins import them from there).
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@ installed plugins and the handler modules loaded, and opened.
 
 Commands that only read never create a store: :func:`open_taskmill` with
 ``reads=True`` refuses a store that does not exist and says how to pick one. Plugin
-commands build theirs with :func:`new_taskmill` and :func:`load_plugins`, so that they
-name the default store and honour the plugin settings like taskmill's own commands.
+commands build theirs with :func:`new_taskmill` and :func:`load_plugins` (exported by
+:mod:`taskmill.cli`), so that they name the default store and honour the plugin
+settings like taskmill's own commands.
 """
 
 from __future__ import annotations

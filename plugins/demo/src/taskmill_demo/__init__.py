@@ -15,7 +15,7 @@ handlers' tasks and runs it with a live progress view.
 from __future__ import annotations
 
 from taskmill import HandlerRegistrar, hookimpl
-from taskmill.plugins import CommandRegistrar
+from taskmill.cli import CommandRegistrar
 
 from taskmill_demo import handlers
 from taskmill_demo.command import add_demo

@@ -14,14 +14,20 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.text import Text
 from taskmill import TaskFilter, TaskmillError, TaskStatus
-from taskmill.cli.arguments import positive_int
-from taskmill.cli.messages import EXIT_INTERRUPTED, EXIT_OK
-from taskmill.cli.rendering import console as stdout_console
-from taskmill.cli.rendering import redacted, short, truncate
-from taskmill.cli.session import load_plugins, new_taskmill
-from taskmill.discovery import DEFAULT_URL
-from taskmill.plugins import CommandRegistrar
-from taskmill.settings import Settings
+from taskmill.cli import (
+    DEFAULT_URL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    CommandRegistrar,
+    Settings,
+    load_plugins,
+    new_taskmill,
+    positive_int,
+    redacted,
+    short,
+    truncate,
+)
+from taskmill.cli import console as stdout_console
 
 from taskmill_demo.handlers import TASK_TYPES
 from taskmill_demo.view import run_with_live_view, summary, tallies

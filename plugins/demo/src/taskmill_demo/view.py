@@ -15,14 +15,14 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 from taskmill import Attempt, ProgressSummary, Task, TaskFilter, Taskmill, TaskStatus, Worker
-from taskmill.cli.rendering import pct, priority_name, short
+from taskmill.cli import pct, priority_name, short
 
 REFRESH_SECONDS = 0.25
 """How often the live view reads the store again."""
 
 
 async def run_with_live_view(
-    tm: Taskmill, worker: Worker, run_filter: TaskFilter, console: Console
+    tm: Taskmill, worker: Worker[Taskmill], run_filter: TaskFilter, console: Console
 ) -> float:
     """Run ``worker`` until idle (or a signal) while a live display, refreshed from the
     store a few times a second, shows the tasks ``run_filter`` selects. Returns the
