@@ -337,18 +337,3 @@ class Context:
         if loop is not None and not _on_loop_thread(loop):
             return Deferred(value=asyncio.run_coroutine_threadsafe(coroutine, loop).result())
         return Deferred(coroutine=coroutine)
-
-
-class ContextControl:
-    """Interrupting a handler for a caller that holds its :class:`Context` only.
-
-    The worker keeps each attempt's :class:`AttemptControl` and calls it directly; this
-    serves :mod:`taskmill.leases`, which still reaches the control through the context.
-    """
-
-    __slots__ = ()
-
-    @staticmethod
-    def interrupt(ctx: Context, reason: CancelReason) -> None:
-        """Ask the handler of ``ctx`` to stop (:meth:`AttemptControl.interrupt`)."""
-        ctx._control.interrupt(reason)

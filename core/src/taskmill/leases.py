@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 
 from taskmill.attempt_hooks import AttemptHooks
-from taskmill.context import ContextControl
 from taskmill.errors import log_retried_failure
 from taskmill.execution import Execution
 from taskmill.finish_writer import FinishWriter
@@ -137,7 +136,7 @@ class LeaseKeeper:
             else:
                 reason = held[lease.task_id]
                 if reason is not None:
-                    ContextControl.interrupt(execution.ctx, reason)
+                    execution.control.interrupt(reason)
 
     async def _lease_lost(self, execution: Execution) -> None:
         """Another writer owns the task now (it was cancelled, or rescued after this
@@ -155,7 +154,7 @@ class LeaseKeeper:
                 execution.task.id,
                 current.status.value if current else "deleted",
             )
-        ContextControl.interrupt(execution.ctx, reason)
+        execution.control.interrupt(reason)
         if self._plugins.observes_finishes:
             await self._plugins.attempt_taken(
                 execution.task, current, execution.started_at, utcnow()
