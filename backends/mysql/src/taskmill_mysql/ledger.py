@@ -19,7 +19,7 @@ import attrs
 from taskmill.lifecycle import settles_aliases
 from taskmill.model import Attempt, CancelReason, EventKind, TaskStatus
 from taskmill.settlement import Active, Edge
-from taskmill.sql.rows import STATUS
+from taskmill.sql.rows import STATUS, attempt_row
 
 from taskmill_mysql import statements as sql
 from taskmill_mysql.connection import Session
@@ -199,12 +199,5 @@ class MySQLLedger:
         if attempts:
             await self._s.executemany(
                 sql.INSERT_ATTEMPT,
-                [
-                    (
-                        self._seqs[a.task_id], a.task_id, a.number, a.worker_id,
-                        as_stored(a.started_at), as_stored(a.finished_at), a.outcome.value,
-                        a.error,
-                    )
-                    for a in attempts
-                ],
-            )  # fmt: skip
+                [attempt_row(self._seqs[a.task_id], a, as_stored) for a in attempts],
+            )

@@ -40,6 +40,7 @@ __all__ = [
     "Row",
     "TaskColumn",
     "attempt_reader",
+    "attempt_row",
     "claim_order",
     "column_index",
     "events_of_rows",
@@ -265,3 +266,13 @@ def events_of_rows(
             snapshot = snapshots[task_id] = task(row[start:])
         events.append(event(row, snapshot))
     return events
+
+
+def attempt_row(seq: int, attempt: Attempt, stored: Callable[[datetime], Any]) -> tuple[Any, ...]:
+    """The execution-log row of ``attempt`` of the task ``seq``: (task_seq, task_id,
+    number, worker_id, started_at, finished_at, outcome, error), its times as the store
+    keeps them (``stored``)."""
+    return (
+        seq, attempt.task_id, attempt.number, attempt.worker_id, stored(attempt.started_at),
+        stored(attempt.finished_at), attempt.outcome.value, attempt.error,
+    )  # fmt: skip

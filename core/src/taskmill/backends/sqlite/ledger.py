@@ -26,7 +26,7 @@ from taskmill.backends.sqlite.rows import (
 )
 from taskmill.model import Attempt, CancelReason, EventKind, TaskStatus
 from taskmill.settlement import Active, Edge
-from taskmill.sql.rows import STATUS, leads_aliases
+from taskmill.sql.rows import STATUS, attempt_row, leads_aliases
 
 __all__ = ["SQLiteLedger", "chunks", "insert_events"]
 
@@ -164,12 +164,5 @@ class SQLiteLedger:
         if attempts:
             self._conn.executemany(
                 sql.INSERT_ATTEMPT,
-                [
-                    (
-                        self._seqs[a.task_id], a.task_id, a.number, a.worker_id,
-                        as_micros(a.started_at), as_micros(a.finished_at), a.outcome.value,
-                        a.error,
-                    )
-                    for a in attempts
-                ],
-            )  # fmt: skip
+                [attempt_row(self._seqs[a.task_id], a, as_micros) for a in attempts],
+            )
