@@ -31,7 +31,7 @@ from taskmill.model import (
     SuspensionScope,
     Task,
 )
-from taskmill.storage import Finish, Lease, ProgressUpdate
+from taskmill.storage import LEASE_FENCE, LEASED_STATUS, Finish, Lease, ProgressUpdate
 
 from taskmill_mongo.connection import Connection
 from taskmill_mongo.documents import from_micros, task, task_document
@@ -47,12 +47,16 @@ _RESCUE_PLANS: Final = {case: plan(t) for case, t in RESCUES.items()}
 
 
 def _fence(lease: Lease) -> Doc:
+    """The query of :data:`~taskmill.storage.LEASE_FENCE` for ``lease``."""
+    values = iter(lease.fence_args())
     return {
-        "_id": lease.task_id,
-        "status": RUNNING,
-        "worker_id": lease.worker_id,
-        "attempts": lease.attempt,
+        "_id" if name == "id" else name: LEASED_STATUS if attribute is None else next(values)
+        for name, attribute in LEASE_FENCE
     }
+
+
+def _holds(lease: Lease, doc: Doc) -> bool:
+    return lease.holds(doc["_id"], doc["status"], doc["worker_id"], doc["attempts"])
 
 
 async def _held(
@@ -62,12 +66,7 @@ async def _held(
     wanted = {lease.task_id: lease for lease in leases}
     found: dict[str, Doc] = {}
     async for doc in db.tasks.find({"_id": {"$in": list(wanted)}}, session=s):
-        lease = wanted[doc["_id"]]
-        if (
-            doc["status"] == RUNNING
-            and doc["worker_id"] == lease.worker_id
-            and doc["attempts"] == lease.attempt
-        ):
+        if _holds(wanted[doc["_id"]], doc):
             found[doc["_id"]] = doc
     return found
 
@@ -85,11 +84,7 @@ async def finish_batch(conn: Connection, finishes: Sequence[Finish]) -> list[Tas
         results: list[Task | None] = []
         for finish in finishes:
             doc = held.get(finish.lease.task_id)
-            if (
-                doc is None
-                or doc["worker_id"] != finish.lease.worker_id
-                or doc["attempts"] != finish.lease.attempt
-            ):
+            if doc is None or not _holds(finish.lease, doc):
                 results.append(None)
                 continue
             kind = finish.kind
@@ -132,7 +127,9 @@ async def check_leases(
     nx-27017 (the test stand-in) runs an aggregation's ``$match`` in Python over the
     whole collection."""
     ids = list(dict.fromkeys(lease.task_id for lease in leases))
-    fenced = {(lease.task_id, RUNNING, lease.worker_id, lease.attempt) for lease in leases}
+    by_id: dict[str, list[Lease]] = {}
+    for lease in leases:
+        by_id.setdefault(lease.task_id, []).append(lease)
 
     async def run() -> dict[str, CancelReason | None]:
         db = conn.database()
@@ -150,7 +147,7 @@ async def check_leases(
             tasks, suspended = await _leased_together(db, ids)
         answer: dict[str, CancelReason | None] = {}
         for doc in tasks:
-            if (doc["_id"], doc["status"], doc["worker_id"], doc["attempts"]) not in fenced:
+            if not any(_holds(lease, doc) for lease in by_id[doc["_id"]]):
                 continue
             reason = doc["cancel_reason"]
             if reason is not None:
