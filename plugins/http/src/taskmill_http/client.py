@@ -17,9 +17,7 @@ from typing import Any
 
 import httpx
 from taskmill.errors import (
-    InvalidInput,
     StorageUnavailable,
-    TaskmillError,
     TaskNotFound,
     WaitTimeout,
 )
@@ -36,28 +34,10 @@ from taskmill.model import (
 )
 from taskmill.serialization import converter, dumps, loads
 
-from taskmill_http.errors import CODE_EXCEPTIONS
+from taskmill_http.wire import filter_params as filter_params  # re-exported: their old home
+from taskmill_http.wire import raise_for_error as raise_for_error
 
 TaskSpecLike = TaskSpec | Mapping[str, Any]
-
-
-def raise_for_error(response: httpx.Response) -> None:
-    """Raise the taskmill exception an error response stands for (nothing for a
-    success); a refusal's ``field`` is the ``field`` of the ``InvalidInput`` raised."""
-    if response.status_code < 400:
-        return
-    field = None
-    try:
-        error = response.json()["error"]
-        code, message = str(error["code"]), str(error["message"])
-        if isinstance(error.get("field"), str):
-            field = error["field"]
-    except (ValueError, KeyError, TypeError, AttributeError):
-        code, message = "http", f"HTTP {response.status_code}: {response.text[:200]}"
-    kind = CODE_EXCEPTIONS.get(code, TaskmillError)
-    if field is not None and issubclass(kind, InvalidInput):
-        raise kind(message, field=field)
-    raise kind(message)
 
 
 def _spec_body(value: TaskSpecLike) -> dict[str, Any]:
@@ -74,24 +54,6 @@ def _spec_body(value: TaskSpecLike) -> dict[str, Any]:
         delay = spec.delay
         body["delay"] = delay.total_seconds() if isinstance(delay, timedelta) else delay
     return body
-
-
-def filter_params(filter: TaskFilter | None) -> list[tuple[str, str | int | float | bool | None]]:
-    """``filter`` as the query parameters of the listing endpoints."""
-    if filter is None:
-        return []
-    params: list[tuple[str, str | int | float | bool | None]] = []
-    for name in ("app_id", "parent_id", "user_id", "dedupe_key"):
-        value = getattr(filter, name)
-        if value is not None:
-            params.append((name, value))
-    params.extend(("task_type", t) for t in filter.task_types or ())
-    params.extend(("status", s.value) for s in filter.statuses or ())
-    for name in ("created_after", "created_before"):
-        moment: datetime | None = getattr(filter, name)
-        if moment is not None:
-            params.append((name, moment.isoformat()))
-    return params
 
 
 def _filter_body(filter: TaskFilter) -> dict[str, Any]:
@@ -293,7 +255,7 @@ class Client:
         """
         from taskmill_http.events_client import task_events
 
-        return task_events(self, filter, since)
+        return task_events(self._http, self.base_url, filter, since)
 
     # -- managing ----------------------------------------------------------------------
 

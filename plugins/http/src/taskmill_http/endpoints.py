@@ -1,5 +1,5 @@
 """What each endpoint of the service does: one small function per operation, taking
-the authenticated :class:`~taskmill_http.service.Call` and returning the response
+the authenticated :class:`~taskmill_http.calls.Call` and returning the response
 body (:mod:`taskmill_http.routes` lists them; :mod:`taskmill_http.reports` holds the
 reports of detached owners).
 """
@@ -7,7 +7,6 @@ reports of detached owners).
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 from starlette.responses import Response, StreamingResponse
 from taskmill import validation
@@ -35,13 +34,11 @@ from taskmill_http.bodies import (
     TaskPage,
     TaskSpecBody,
 )
+from taskmill_http.calls import Call
 from taskmill_http.errors import ServiceError
 from taskmill_http.events import APP_ENTITY, EXTERNAL_JOB_UPDATE
 from taskmill_http.jobs import CompleteJobBody, ExternalJob, ProgressBody, UpsertJobBody
 from taskmill_http.tokens import Caller
-
-if TYPE_CHECKING:
-    from taskmill_http.service import Call
 
 # -- tasks -----------------------------------------------------------------------------
 

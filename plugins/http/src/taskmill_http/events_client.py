@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import httpx
@@ -15,9 +15,7 @@ from taskmill.model import TaskEvent, TaskFilter
 from taskmill.serialization import converter
 
 from taskmill_http.events import JOB_UPDATE, OVERFLOW, READY
-
-if TYPE_CHECKING:
-    from taskmill_http.client import Client
+from taskmill_http.wire import filter_params, raise_for_error
 
 
 @attrs.frozen
@@ -53,18 +51,17 @@ async def server_events(response: httpx.Response) -> AsyncIterator[ServerEvent]:
 
 
 async def task_events(
-    client: Client, filter: TaskFilter | None, since: str | None
+    http: httpx.AsyncClient, base_url: str, filter: TaskFilter | None, since: str | None
 ) -> AsyncIterator[TaskEvent]:
-    """``TaskEvent`` after ``since`` (default: from now), forever; reconnects after a
+    """``TaskEvent`` after ``since`` (default: from now), forever, read with ``http``
+    (a client's connections to the service at ``base_url``); reconnects after a
     dropped connection or an overflow from the last position it saw."""
-    from taskmill_http.client import filter_params, raise_for_error
-
     position = since
     failures = 0
     while True:
         headers = {} if position is None else {"Last-Event-ID": position}
         try:
-            async with client._http.stream(
+            async with http.stream(
                 "GET",
                 "/v1/events",
                 params=filter_params(filter),
@@ -89,6 +86,6 @@ async def task_events(
             failures += 1
             if failures > 5:
                 raise StorageUnavailable(
-                    f"the event stream of {client.base_url} keeps failing: {exc}"
+                    f"the event stream of {base_url} keeps failing: {exc}"
                 ) from exc
             await asyncio.sleep(min(2.0, 0.05 * 2**failures))

@@ -8,7 +8,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from taskmill_http.bodies import ErrorBody, json_schema
-from taskmill_http.routes import Endpoint
+from taskmill_http.calls import Endpoint
 
 _ERROR_TEXT = {
     400: "The body is not JSON",

@@ -6,19 +6,15 @@ the lease the receiver was sent; see docs/service.md, "Detached attempts (202)".
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from taskmill.model import CancelReason, Progress, Task, TaskStatus
 from taskmill.storage import FinishKind, Lease, ProgressUpdate
 
 from taskmill_http import requests as rq
 from taskmill_http.bodies import ProgressReport, StatusReport
+from taskmill_http.calls import Call
 from taskmill_http.endpoints import get_task
 from taskmill_http.errors import ServiceError
 from taskmill_http.handler import parse_lease
-
-if TYPE_CHECKING:
-    from taskmill_http.service import Call
 
 REPORTED = {
     "completed": FinishKind.COMPLETE,

@@ -20,7 +20,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode
 
 import jinja2
@@ -37,13 +37,11 @@ from taskmill.errors import InvalidCursor, TaskmillError
 from taskmill.model import Task, TaskFilter, TaskStatus
 
 from taskmill_http import requests as rq
+from taskmill_http.calls import Service
 from taskmill_http.dashboard.listing import ListQuery, list_page
 from taskmill_http.dashboard.overview import ThroughputMeter, overview
 from taskmill_http.errors import ServiceError, status_of
 from taskmill_http.tokens import Caller
-
-if TYPE_CHECKING:  # the service builds the dashboard: no import at run time
-    from taskmill_http.service import Service
 
 SESSION_COOKIE = "taskmill_ui"
 """The name of the dashboard's session cookie."""
