@@ -63,6 +63,7 @@ from taskmill.model import (
 from taskmill.settlement import Active, Edge, Settlement
 from taskmill.settlement import cancel as settlement_cancel
 from taskmill.storage import (
+    LEASED_STATUS,
     ClaimRequest,
     Finish,
     HandlerKey,
@@ -77,6 +78,7 @@ from taskmill.storage import (
 )
 
 _PENDING = TaskStatus.PENDING
+_RELEASED = EventKind.RELEASED
 _RUNNING = TaskStatus.RUNNING
 assert CANCELLATION.outcome is not None
 CANCELLED_OUTCOME = CANCELLATION.outcome
@@ -308,8 +310,10 @@ class MemoryStorage(TaskStorage):
 
     def _held(self, lease: Lease) -> Task | None:
         task = self._tasks.get(lease.task_id)
-        if task is None or not lease.holds(
-            task.id, task.status.value, task.worker_id, task.attempts
+        if (
+            task is None
+            or task.status is not _RUNNING
+            or not lease.holds(task.id, LEASED_STATUS, task.worker_id, task.attempts)
         ):
             return None
         return task
@@ -334,15 +338,18 @@ class MemoryStorage(TaskStorage):
         self._tasks[task.id] = task
         if task.status is not _RUNNING:
             self._running.discard(task.id)
-        if task.status.terminal and task.dedupe_key is not None:
+        if task.dedupe_key is not None and task.status.terminal:
             scope = (task.app_id, task.task_type, task.dedupe_key)
             if self._leaders.get(scope) == task.id:
                 del self._leaders[scope]
         return task
 
-    def _transition(self, task: Task, plan: TransitionPlan, now_ts: float, **values: Any) -> Task:
-        """Write a transition out of RUNNING (or PENDING); requeue it when it does."""
-        task = self._write(plan.apply(task, from_timestamp(now_ts), **values))
+    def _transition(
+        self, task: Task, plan: TransitionPlan, now_ts: float, now: datetime, values: dict[str, Any]
+    ) -> Task:
+        """Write a transition out of RUNNING (or PENDING) at ``now_ts`` (``now``);
+        requeue it when it does."""
+        task = self._write(plan.apply(task, now, **values))
         if plan.requeues:
             self._queue(task, now_ts)
         return task
@@ -350,6 +357,7 @@ class MemoryStorage(TaskStorage):
     async def finish_batch(self, finishes: Sequence[Finish]) -> list[Task | None]:
         self._check_open()
         now_ts = wall_clock()
+        now = from_timestamp(now_ts)
         settlement = Settlement(_MemoryLedger(self, now_ts))
         results: list[Task | None] = []
         for finish in finishes:
@@ -361,8 +369,8 @@ class MemoryStorage(TaskStorage):
             if task.cancel_reason is not None:
                 kind = finish_kind(kind, stop_requested=True)
             chosen = _FINISH_PLANS[kind]
-            values = finish_values(finish, kind, from_timestamp(now_ts))
-            task = self._transition(task, chosen, now_ts, **values)
+            values = finish_values(finish, kind, now)
+            task = self._transition(task, chosen, now_ts, now, values)
             await settlement.transitioned(task, chosen.transition.event)
             outcome = chosen.transition.outcome or finish.outcome
             self._log_attempt(
@@ -429,7 +437,7 @@ class MemoryStorage(TaskStorage):
             worker_id, number, started = task.worker_id, task.attempts, task.started_at
             chosen = _RESCUE_PLANS[rescue_case(task.cancel_reason, task.attempts, task.max_retries)]
             transition = chosen.transition
-            task = self._transition(task, chosen, now_ts, error=RESCUE_ERROR)
+            task = self._transition(task, chosen, now_ts, now, {"error": RESCUE_ERROR})
             await settlement.transitioned(task, transition.event)
             assert transition.outcome is not None  # a rescue logs its own outcome
             self._log_attempt(
@@ -694,11 +702,13 @@ class _MemoryLedger:
         return row.id, row.status
 
     def leads_aliases(self, row: Task) -> bool:
-        return settles_aliases(row.status, row.dedupe_key, row.alias_of)
+        return row.dedupe_key is not None and settles_aliases(
+            row.status, row.dedupe_key, row.alias_of
+        )
 
     def emit(self, kind: EventKind, row: Task) -> None:
         self._store._emit(kind, row, self._now)
-        if kind is EventKind.RELEASED:
+        if kind is _RELEASED:
             self._store._queue(row, self._now)  # its last dependency ended: claimable
 
     async def settle_aliases(self, leader: Task) -> list[Task]:
@@ -758,7 +768,7 @@ class _MemoryLedger:
         store = self._store
         return {
             task_id: store._transition(
-                store._tasks[task_id], _CANCEL_PLAN, self._now, cancel_reason=reason
+                store._tasks[task_id], _CANCEL_PLAN, self._now, self._at, {"cancel_reason": reason}
             )
             for task_id in ids
         }
