@@ -21,7 +21,7 @@ from taskmill.sql.rows import events_of_rows
 from taskmill_mysql import statements as sql
 from taskmill_mysql.connection import Session
 from taskmill_mysql.readback import now
-from taskmill_mysql.rows import EVENT_COLUMNS, event, task
+from taskmill_mysql.rows import as_datetime, task
 
 __all__ = ["QUOTED", "Event", "Inserted", "append_events", "prune_events", "read_events"]
 
@@ -104,7 +104,7 @@ async def read_events(s: Session, args: tuple[str | None, int]) -> tuple[list[Ta
     rows = await s.fetchall(sql.READ_EVENTS, (position, limit))
     if not rows:
         return [], after
-    events = events_of_rows(rows, start=EVENT_COLUMNS, task=task, event=event)
+    events = events_of_rows(rows, task=task, timestamp=as_datetime)
     return events, position_token(int(rows[-1][0]))
 
 

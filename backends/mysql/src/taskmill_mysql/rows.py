@@ -14,10 +14,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 import attrs
-from taskmill.cursors import position_token
-from taskmill.model import Task, TaskEvent
 from taskmill.sql.rows import (
-    KIND,
     STATUS,
     TASK_COLUMN_NAMES,
     TaskColumn,
@@ -29,7 +26,6 @@ from taskmill.sql.rows import (
 __all__ = [
     "ALIAS_OF",
     "CANCEL_REASON",
-    "EVENT_COLUMNS",
     "FENCE_COLUMN_NAMES",
     "ID",
     "NARROW_FENCE",
@@ -45,7 +41,6 @@ __all__ = [
     "as_stored",
     "attempt",
     "claimed_row",
-    "event",
     "fence_from_json",
     "from_json",
     "task",
@@ -175,18 +170,3 @@ SNAPSHOT_FENCE: Final = Fence.of(TASK_COLUMN_NAMES)
 """In a row selected as :data:`TASK_COLUMNS`."""
 NARROW_FENCE: Final = Fence.of(FENCE_COLUMN_NAMES)
 """In a row selected as :data:`FENCE_COLUMN_NAMES`."""
-
-
-EVENT_COLUMNS: Final = 4
-"""An event row is (seq, kind, status, at) followed by its task's snapshot columns."""
-
-
-def event(row: Row, snapshot: Task) -> TaskEvent:
-    """An event-log row with its task's snapshot."""
-    return TaskEvent(
-        kind=KIND[row[1]],
-        task=snapshot,
-        status=STATUS[row[2]],
-        at=as_datetime(row[3]),
-        cursor=position_token(int(row[0])),
-    )

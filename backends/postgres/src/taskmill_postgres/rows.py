@@ -7,12 +7,10 @@ timestamptz values as tz-aware datetimes, so no conversion is needed.
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any, Final, TypeAlias
 
 import asyncpg
-from taskmill.cursors import position_token
-from taskmill.model import Task, TaskEvent
+from taskmill.model import Task
 from taskmill.sql.rows import (
     KIND,
     OUTCOME,
@@ -34,7 +32,6 @@ __all__ = [
     "Row",
     "attempt",
     "claim_order",
-    "event",
     "loads",
     "task",
 ]
@@ -60,11 +57,3 @@ def claim_order(rows: list[asyncpg.Record]) -> list[Task]:
     """Snapshots of claimed rows (RETURNING leaves their order unspecified) in claim
     order: priority DESC, then creation."""
     return _claim_order(rows, task, TASK_COLUMN_NAMES)
-
-
-def event(r: Row, snapshot: Task) -> TaskEvent:
-    """An event-log row (seq, kind, status, at, ...) with its task's snapshot."""
-    at: datetime = r[3]
-    return TaskEvent(
-        kind=KIND[r[1]], task=snapshot, status=STATUS[r[2]], at=at, cursor=position_token(r[0])
-    )

@@ -637,7 +637,7 @@ class PostgresStorage(TaskStorage):
         found = await self._db.run(read)
         if not found:
             return [], after
-        events = events_of_rows(found, start=4, task=rows.task, event=rows.event)
+        events = events_of_rows(found, task=rows.task, timestamp=_as_is)
         return events, position_token(int(found[-1][0]))
 
     async def prune_events(self, older_than: timedelta) -> int:
@@ -683,3 +683,8 @@ class PostgresStorage(TaskStorage):
             return list(await conn.fetch(self.registration_sql.select))
 
         return from_rows(await self._db.run(read))
+
+
+def _as_is(at: datetime) -> datetime:
+    """asyncpg reads a ``timestamptz`` as a tz-aware datetime already."""
+    return at

@@ -14,6 +14,7 @@ from typing import Any, Final, Protocol, TypeAlias
 
 import attrs
 
+from taskmill.cursors import position_token
 from taskmill.lifecycle import settles_aliases
 from taskmill.model import (
     NO_PROGRESS,
@@ -32,6 +33,7 @@ from taskmill.storage import LEASE_FENCE, LEASED_STATUS
 
 __all__ = [
     "ATTEMPT_COLUMN_NAMES",
+    "EVENT_COLUMN_NAMES",
     "KIND",
     "OUTCOME",
     "REASON",
@@ -245,16 +247,18 @@ def fence_clause(
     )
 
 
+EVENT_COLUMN_NAMES: Final = ("seq", "kind", "status", "at")
+"""The columns an event row starts with; its task's snapshot columns follow."""
+
+
 def events_of_rows(
-    rows: Sequence[Any],
-    *,
-    start: int,
-    task: Callable[[Any], Task],
-    event: Callable[[Any, Task], TaskEvent],
+    rows: Sequence[Any], *, task: Callable[[Any], Task], timestamp: Callable[[Any], datetime]
 ) -> list[TaskEvent]:
-    """The events of rows selected as an event's columns followed, from ``start``, by its
-    task's snapshot columns (NULL for a task deleted since, whose events are skipped);
-    each task's snapshot built once, by ``task``, and shared by its events."""
+    """The events of rows selected as :data:`EVENT_COLUMN_NAMES` followed by the task's
+    snapshot columns (NULL for a task deleted since, whose events are skipped); each
+    task's snapshot built once, by ``task``, and shared by its events; ``at`` read by
+    ``timestamp``, the seq written as the cursor (:func:`taskmill.cursors.position_token`)."""
+    start = len(EVENT_COLUMN_NAMES)
     snapshots: dict[str, Task] = {}
     events: list[TaskEvent] = []
     for row in rows:
@@ -264,7 +268,15 @@ def events_of_rows(
         snapshot = snapshots.get(task_id)
         if snapshot is None:
             snapshot = snapshots[task_id] = task(row[start:])
-        events.append(event(row, snapshot))
+        events.append(
+            TaskEvent(
+                kind=KIND[row[1]],
+                task=snapshot,
+                status=STATUS[row[2]],
+                at=timestamp(row[3]),
+                cursor=position_token(int(row[0])),
+            )
+        )
     return events
 
 

@@ -21,7 +21,6 @@ from typing import Any, Final
 from taskmill.backends.sqlite import statements as sql
 from taskmill.backends.sqlite.ledger import SQLiteLedger, chunks, insert_events
 from taskmill.backends.sqlite.rows import (
-    EVENT_COLUMNS,
     ID,
     ONE_US,
     SEQ,
@@ -31,7 +30,6 @@ from taskmill.backends.sqlite.rows import (
     as_micros,
     attempt,
     claimed,
-    event,
     now_us,
     task,
 )
@@ -663,7 +661,7 @@ def read_events(
     rows = conn.execute(sql.READ_EVENTS, (position, limit)).fetchall()
     if not rows:
         return [], after
-    events = events_of_rows(rows, start=EVENT_COLUMNS, task=task, event=event)
+    events = events_of_rows(rows, task=task, timestamp=as_datetime)
     return events, position_token(int(rows[-1][0]))
 
 

@@ -11,11 +11,8 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-from taskmill.cursors import position_token
-from taskmill.model import Task, TaskEvent
+from taskmill.model import Task
 from taskmill.sql.rows import (
-    KIND,
-    STATUS,
     TASK_COLUMN_NAMES,
     TaskColumn,
     attempt_reader,
@@ -35,7 +32,6 @@ __all__ = [
     "as_micros",
     "attempt",
     "claimed",
-    "event",
     "now_us",
     "task",
 ]
@@ -94,18 +90,3 @@ attempt: Final = attempt_reader(timestamp=as_datetime)
 def claimed(rows: list[Row]) -> list[Task]:
     """Snapshots of claimed rows, in claim order (priority DESC, then creation)."""
     return claim_order(rows, task, TASK_COLUMN_NAMES)
-
-
-EVENT_COLUMNS: Final = 4
-"""An event row is (seq, kind, status, at) followed by the task's snapshot columns."""
-
-
-def event(row: Row, snapshot: Task) -> TaskEvent:
-    """An event-log row with its task's snapshot."""
-    return TaskEvent(
-        kind=KIND[row[1]],
-        task=snapshot,
-        status=STATUS[row[2]],
-        at=as_datetime(row[3]),
-        cursor=position_token(row[0]),
-    )
