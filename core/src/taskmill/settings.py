@@ -268,6 +268,53 @@ ENV_VARS: Final[Mapping[str, str]] = {name: variable_name(name) for name in SETT
 An empty variable counts as unset."""
 
 
+ENV_PREFIX: Final = "TASKMILL_"
+OWN_ENV_VARS: Final[frozenset[str]] = frozenset(
+    {
+        # set by taskmill for a proxied handler's process (taskmill.proxy)
+        "TASKMILL_TASK_ID",
+        "TASKMILL_TASK_TYPE",
+        "TASKMILL_APP_ID",
+        "TASKMILL_ATTEMPT",
+        # read by taskmill's own test suite and benchmarks
+        "TASKMILL_REQUIRE_BACKENDS",
+        "TASKMILL_HYPOTHESIS_PROFILE",
+        "TASKMILL_FUZZ_EXAMPLES",
+        "TASKMILL_STOP_STRESS_ROUNDS",
+        "TASKMILL_CHAOS_LOG",
+    }
+)
+"""``TASKMILL_*`` variables that are not settings but are not typos either; with every
+``TASKMILL_TEST_*`` variable (the test suite's servers), :func:`misspelt_variables`
+never names them."""
+
+
+def misspelt_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """A warning for each ``TASKMILL_*`` variable of ``environ`` (default
+    ``os.environ``) that is no setting's but close to one's name, with the name it
+    probably meant. Other unknown ``TASKMILL_*`` variables are left alone: plugins
+    read variables of their own (``TASKMILL_PROMETHEUS_PORT``), which the settings do
+    not know; so are :data:`OWN_ENV_VARS` and ``TASKMILL_TEST_*``."""
+    environ = os.environ if environ is None else environ
+    known = [*ENV_VARS.values(), CONFIG_ENV]
+    warnings = []
+    for variable in sorted(environ):
+        if (
+            not variable.startswith(ENV_PREFIX)
+            or variable in known
+            or variable in OWN_ENV_VARS
+            or variable.startswith((STORAGE_ENV_PREFIX, f"{ENV_PREFIX}TEST_"))
+        ):
+            continue
+        close = difflib.get_close_matches(variable, known, n=1, cutoff=0.85)
+        if close:
+            warnings.append(
+                f"{variable} is not a taskmill setting and is ignored (did you mean "
+                f"{close[0]}?); `taskmill config` lists the settings"
+            )
+    return warnings
+
+
 def _field(name: str) -> attrs.Attribute[Any]:
     field: attrs.Attribute[Any] = getattr(attrs.fields(Settings), name)
     return field

@@ -69,6 +69,17 @@ class SignalRouter:
     def _install(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous = signal.getsignal(sig)
+            if previous == signal.SIG_IGN:
+                # A non-interactive shell starts a background job (`taskmill worker &`)
+                # with SIGINT ignored; the worker leaves it so, but says so once.
+                log.warning(
+                    "%s is ignored in this process (inherited from whatever started it, "
+                    "as a shell does for a background job): it will not stop the worker; "
+                    "stop it with %s",
+                    sig.name,
+                    "SIGTERM" if sig is signal.SIGINT else "SIGINT",
+                )
+                continue
             if not signal_is_free(previous):
                 log.debug("%s is handled by the host process; not taking it", sig.name)
                 continue

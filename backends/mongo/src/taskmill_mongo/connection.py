@@ -19,6 +19,7 @@ as measured at ``open``, and the driver's errors as taskmill's.
 from __future__ import annotations
 
 import enum
+import re
 import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -27,12 +28,18 @@ from typing import Final, TypeVar
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.common import MAX_BSON_SIZE
-from pymongo.errors import BulkWriteError, DocumentTooLarge, OperationFailure, PyMongoError
+from pymongo.errors import (
+    BulkWriteError,
+    DocumentTooLarge,
+    OperationFailure,
+    PyMongoError,
+    ServerSelectionTimeoutError,
+)
 from taskmill.errors import InvalidParams, StorageUnavailable, TaskmillError
 from taskmill.storage import wall_clock
 
 from taskmill_mongo.documents import EventKey, value_ceiling
-from taskmill_mongo.options import MongoOptions, redact
+from taskmill_mongo.options import SELECTION_PARAM, MongoOptions, redact
 from taskmill_mongo.schema import Doc
 from taskmill_mongo.writer_lock import WriterLock
 
@@ -41,6 +48,8 @@ __all__ = ["Connection", "Stage"]
 T = TypeVar("T")
 
 _CLOCK_REFRESH: Final = 60.0
+_CONFIGURED_TIMEOUTS: Final = re.compile(r" \(configured timeouts: [^)]*\)")
+"""What the driver adds to each connection error: the timeouts, said elsewhere."""
 _TOO_LARGE: Final = frozenset({10334, 17419, 17420})
 """Server errors for a document over ``maxBsonObjectSize``: BSONObjectTooLarge, and
 (older servers) an update's or an upsert's resulting document too large. An insert just
@@ -94,7 +103,7 @@ class Connection:
         ms = int(self.options.connect_timeout * 1000)
         return AsyncMongoClient(
             self.options.driver_url,
-            serverSelectionTimeoutMS=ms,
+            serverSelectionTimeoutMS=int(self.selection_timeout * 1000),
             connectTimeoutMS=ms,
             appname="taskmill",
             tz_aware=True,
@@ -111,8 +120,23 @@ class Connection:
             )
         return self.db
 
+    @property
+    def selection_timeout(self) -> float:
+        """Seconds an operation waits for a usable server."""
+        return self.options.server_selection_timeout or self.options.connect_timeout
+
     def unavailable(self, exc: PyMongoError) -> StorageUnavailable:
-        message = str(exc).replace(self.url, redact(self.url))
+        """``exc`` as one line naming the server without its password: for a server
+        that could not be selected, the first error met, not the driver's whole
+        topology description."""
+        message = str(exc)
+        if isinstance(exc, ServerSelectionTimeoutError):
+            reason = _CONFIGURED_TIMEOUTS.sub("", message.split(", Timeout: ", 1)[0])
+            message = (
+                f"no server answered within {self.selection_timeout:g} s ({reason}; "
+                f"?{SELECTION_PARAM}=N in the URL sets how long to wait)"
+            )
+        message = " ".join(message.replace(self.url, redact(self.url)).split())
         return StorageUnavailable(
             f"MongoDB at {redact(self.url)} is unavailable: {message}; check that the "
             "server (a replica set member or mongos) is running and reachable"

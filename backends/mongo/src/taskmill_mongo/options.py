@@ -20,6 +20,9 @@ SCHEMES: Final = ("mongodb", "mongodb+srv")
 _NAME: Final = re.compile(r"^[A-Za-z0-9_-]{1,63}$")
 OPTIONS: Final = ("connect_timeout", "serialize_writes")
 SERIALIZE_PARAM: Final = "serializeWrites"
+SELECTION_PARAM: Final = "serverSelectionTimeoutMS"
+"""The driver's option that taskmill also reads: how long an operation waits for a
+usable server (default: the ``connect_timeout`` option)."""
 _EXPECTED: Final = "mongodb://[user:password@]host[:port][,host...]/database[?driver options]"
 
 
@@ -47,6 +50,9 @@ class MongoOptions:
     suspensions with two finds instead of one aggregation."""
     driver_url: str = ""
     """The URL passed to the driver (taskmill's query options removed)."""
+    server_selection_timeout: float | None = None
+    """Seconds to find a usable server before an operation gives up, when the URL sets
+    it (``?serverSelectionTimeoutMS=2000``); None: ``connect_timeout``."""
 
 
 def redact(url: str) -> str:
@@ -77,6 +83,7 @@ def parse_url(url: str, options: dict[str, Any]) -> MongoOptions:
             f"valid options are: {', '.join(OPTIONS)}"
         )
     serialize = options.get("serialize_writes", False)
+    selection_timeout: float | None = None
     driver_url = url
     base, sep, query = url.partition("?")
     if sep:
@@ -87,7 +94,10 @@ def parse_url(url: str, options: dict[str, Any]) -> MongoOptions:
                 if value.lower() not in ("true", "false", "1", "0"):
                     raise InvalidURL(f"{SERIALIZE_PARAM} must be true or false in {shown}")
                 serialize = value.lower() in ("true", "1")
-            elif item:
+                continue
+            if name.lower() == SELECTION_PARAM.lower():
+                selection_timeout = _milliseconds(value, shown)
+            if item:
                 kept.append(item)
         driver_url = base + ("?" + "&".join(kept) if kept else "")
     if not isinstance(serialize, bool):
@@ -121,4 +131,18 @@ def parse_url(url: str, options: dict[str, Any]) -> MongoOptions:
         connect_timeout=timeout,
         serialize_writes=serialize,
         driver_url=driver_url,
+        server_selection_timeout=selection_timeout,
     )
+
+
+def _milliseconds(value: str, shown: str) -> float:
+    """Seconds from the milliseconds of a URL's ``serverSelectionTimeoutMS``."""
+    try:
+        ms = float(value)
+    except ValueError:
+        ms = -1.0
+    if not ms > 0:
+        raise InvalidURL(
+            f"{SELECTION_PARAM} must be a number of milliseconds > 0 in {shown}, got {value!r}"
+        )
+    return ms / 1000

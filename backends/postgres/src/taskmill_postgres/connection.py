@@ -138,7 +138,20 @@ class Database:
             detail += " (raise the statement_timeout option if this is expected)"
         if isinstance(exc, asyncpg.exceptions.InvalidPasswordError):
             detail += f"; {password_hint(self.url)}"
+        if isinstance(exc, asyncpg.exceptions.InvalidCatalogNameError):
+            detail += f"; {self.create_database_hint()}"
         return StorageUnavailable(f"cannot {doing} {self.where}: {detail}")
+
+    def create_database_hint(self) -> str:
+        """How to create the URL's database, which the server says does not exist
+        (taskmill creates its schema and tables, not the database)."""
+        p = self.parsed
+        name = '"' + p.database.replace('"', '""') + '"'
+        return (
+            f"create it with: createdb -h {p.host} -p {p.port} -U {p.user} {p.database} "
+            f'(or CREATE DATABASE {name} OWNER "{p.user}"; in psql), then run '
+            f"taskmill migrate --url {redact(self.url)}"
+        )
 
     async def connect(self) -> asyncpg.Connection[Record]:
         """A new connection outside the pool (migrations of a closed store, LISTEN),

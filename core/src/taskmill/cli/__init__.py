@@ -88,7 +88,7 @@ from taskmill.cli.session import load_plugins, new_taskmill, open_taskmill
 from taskmill.discovery import DEFAULT_URL
 from taskmill.errors import TaskmillError, TaskNotFound
 from taskmill.hookspecs import CommandRegistrar
-from taskmill.settings import Settings, load_settings
+from taskmill.settings import Settings, load_settings, misspelt_variables
 
 __all__ = [
     "DEFAULT_URL",
@@ -137,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings(command_line_settings(args), config_file=args.config)
         configure_logging(settings)
+        for message in misspelt_variables():
+            warn(message)
         # A command may name its event loop (taskmill serve: uvloop when installed).
         with asyncio.Runner(loop_factory=getattr(args, "loop_factory", None)) as runner:
             return runner.run(command(args, settings))

@@ -8,11 +8,14 @@ ones :mod:`taskmill.cli` exports (plugins import them from there).
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
+import sys
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TextIO, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import attrs
@@ -28,11 +31,39 @@ from taskmill.settings import DEFAULT, HOST_APP, SETTING_NAMES, setting_doc, set
 
 
 def console() -> Console:
-    """A stdout console for tables: wide on a pipe or file, so that rows do not wrap."""
-    out = Console(highlight=False)
+    """A stdout console for tables: wide on a pipe or file, so that rows do not wrap,
+    and with no trailing spaces (rich pads every cell, the last one too)."""
+    out = Console(file=cast(TextIO, _TrimmedLines(sys.stdout)), highlight=False)
     if not out.is_terminal and "COLUMNS" not in os.environ:
         out.width = 160
     return out
+
+
+_TRAILING_SPACES = re.compile(r"[ \t]+(?=\n|$)")
+
+
+class _TrimmedLines(io.TextIOBase):
+    """A text stream that writes to ``target`` without the spaces that end lines."""
+
+    def __init__(self, target: TextIO) -> None:
+        self._target = target
+
+    def write(self, text: str) -> int:
+        self._target.write(_TRAILING_SPACES.sub("", text))
+        return len(text)
+
+    def flush(self) -> None:
+        self._target.flush()
+
+    def isatty(self) -> bool:
+        return self._target.isatty()
+
+    def fileno(self) -> int:
+        return self._target.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self._target, "encoding", None) or "utf-8"
 
 
 def print_json(value: Any) -> None:
@@ -322,9 +353,10 @@ def settings_table(rows: Sequence[tuple[str, Any, str]]) -> Table:
     """``taskmill config``: each setting's ``(name, value, source)``, with its meaning."""
     table = _table()
     table.add_column("setting", no_wrap=True)
-    table.add_column("value", overflow="fold")
+    # A value (a URL, a path) is not broken mid-word: the meaning wraps instead.
+    table.add_column("value", no_wrap=True)
     table.add_column("from", no_wrap=True)
-    table.add_column("meaning", overflow="fold")
+    table.add_column("meaning", min_width=20)
     for name, value, source in rows:
         table.add_row(
             Text(name),

@@ -20,7 +20,7 @@ from taskmill.app import Taskmill
 from taskmill.cli.messages import note
 from taskmill.cli.rendering import redacted
 from taskmill.discovery import DEFAULT_URL
-from taskmill.errors import StorageUnavailable, TaskmillError, TaskNotFound
+from taskmill.errors import InvalidURL, StorageUnavailable, TaskmillError, TaskNotFound
 from taskmill.model import Task
 from taskmill.settings import COMMAND_LINE, DEFAULT, ENV_VARS, Settings
 
@@ -30,7 +30,16 @@ CONFIG_FILE_HINT = "taskmill.toml"
 def new_taskmill(settings: Settings, *, plugins: bool = True) -> Taskmill:
     """The ``Taskmill`` the settings describe (not open, no plugins loaded yet); when
     no setting names a store, says on stderr that it uses the default one."""
-    tm = Taskmill(settings.url, plugins=plugins, **settings.taskmill_options())
+    try:
+        tm = Taskmill(settings.url, plugins=plugins, **settings.taskmill_options())
+    except InvalidURL as exc:
+        given = [
+            f"{option} from {settings.source(f'storage.{option}')}"
+            for option in settings.storage_options
+        ]
+        if not given:
+            raise
+        raise InvalidURL(f"storage options {'; '.join(given)}: {exc}") from None
     for schedule in settings.schedules:
         tm.add_schedule(schedule)
     if settings.source("url") == DEFAULT:

@@ -222,6 +222,7 @@ async def config(args: argparse.Namespace, settings: Settings) -> int:
         )
         return EXIT_OK
     out = console()
-    out.print(Text(f"configuration file: {path or 'none'} ({how})"))
+    found = how.removeprefix("none: ") if path is None else how
+    out.print(Text(f"configuration file: {path or 'none'} ({found})"))
     out.print(settings_table(rows))
     return EXIT_OK

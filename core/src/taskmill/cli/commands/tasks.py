@@ -11,7 +11,8 @@ from taskmill.cli.rendering import attempt_log, console, print_json, task_fields
 from taskmill.cli.session import find_task, open_taskmill
 from taskmill.errors import TaskmillError
 from taskmill.model import CancelReason, Priority, TaskFilter, TaskStatus
-from taskmill.operations import unserved_type_message
+from taskmill.operations import handler_hint, unserved_type_message
+from taskmill.registry import HandlerRegistry
 from taskmill.serialization import to_dict
 from taskmill.settings import Settings
 from taskmill.storage import utcnow
@@ -118,6 +119,9 @@ def add_commands(add: AddCommand) -> None:
         "to pending (default user)",
     )
     cmd.add_argument("--no-cascade", action="store_true", help="leave the task's children alone")
+    add_handler_options(
+        cmd, purpose="so that a --type no handler serves is checked against their task types"
+    )
 
 
 async def enqueue(args: argparse.Namespace, settings: Settings) -> int:
@@ -207,7 +211,7 @@ async def cancel(args: argparse.Namespace, settings: Settings) -> int:
     cascade = not args.no_cascade
     if (args.task_id is None) == (not args.task_types):
         raise TaskmillError("give a TASK_ID or --type (not both)")
-    async with open_taskmill(settings, "cancel", reads=True) as tm:
+    async with open_taskmill(settings, "cancel", reads=True, handlers=True) as tm:
         if args.task_id is not None:
             task = await find_task(tm, args.task_id)
             task = await tm.cancel(task.id, reason=reason, cascade=cascade)
@@ -219,4 +223,18 @@ async def cancel(args: argparse.Namespace, settings: Settings) -> int:
             cascade=cascade,
         )
     print(f"cancelled {changed} tasks ({reason.value})")
+    if not changed:
+        for task_type in dict.fromkeys(args.task_types):
+            if _served(tm.registry, args.app_id, task_type):
+                continue
+            if hint := handler_hint(tm.registry, args.app_id, task_type):
+                warn(f"no handler registered here serves task type {task_type!r}; {hint}")
     return EXIT_OK
+
+
+def _served(registry: HandlerRegistry, app_id: str | None, task_type: str) -> bool:
+    """A handler serves ``task_type``: ``app_id``'s or the host's, or, with no app
+    named, any app's."""
+    if app_id is None:
+        return any(h.task_type == task_type for h in registry)
+    return registry.lookup(app_id, task_type) is not None
