@@ -342,6 +342,7 @@ async def isolation_probes(http: httpx.AsyncClient, foreign: str) -> dict[tuple[
         ("POST", "/v1/external-jobs/{job_id}/progress"): ({"done": 1}, {404}),
         ("POST", "/v1/external-jobs/{job_id}/complete"): ({"status": "failed"}, {404}),
         ("PUT", "/v1/external-jobs/{job_id}"): ({"title": "x", "app_id": "music"}, {422}),
+        ("GET", "/v1/external-jobs/{job_id}"): (None, {404}),
         ("GET", "/v1/external-jobs"): (None, {200}),
         ("PUT", "/v1/handlers/{task_type}"): ({"url": "http://x", "app_id": "music"}, {422}),
         ("GET", "/v1/handlers"): (None, {200}),
@@ -383,7 +384,8 @@ async def test_an_app_token_reaches_no_other_apps_task_through_any_route(
     listed = (await http.get("/v1/tasks", headers=PHOTOS)).json()["tasks"]
     assert all(t["app_id"] == "photos" for t in listed)
     assert (await http.get("/v1/summary", headers=PHOTOS)).json()["total"] == len(listed)
-    await http.post("/v1/tasks:cancel", json={}, headers=PHOTOS)
+    cancelled = await http.post("/v1/tasks:cancel", json={"all": True}, headers=PHOTOS)
+    assert cancelled.status_code == 200, cancelled.text
     await http.post("/v1/preempt", json={"task_type": "t", "dedupe_key": "k"}, headers=PHOTOS)
     suspensions = (await http.get("/v1/suspensions", headers=PHOTOS)).json()
     assert suspensions == []

@@ -238,8 +238,11 @@ class CancelBody:
 @attrs.frozen
 class FilterBody:
     """Which tasks ``POST /v1/tasks:cancel`` cancels: every field set narrows the
-    selection (only active tasks are ever cancelled)."""
+    selection (only active tasks are ever cancelled). A body selecting nothing is
+    refused: ``{"all": true}`` (and no other selecting field) cancels every active task
+    of the caller's app (of every app, for an admin token)."""
 
+    all: bool = False
     app_id: str | None = None
     task_types: list[str] | None = None
     statuses: list[TaskStatus] | None = None
@@ -250,6 +253,15 @@ class FilterBody:
     created_before: datetime | None = None
     reason: CancelReason = CancelReason.USER
     cascade: bool = True
+
+    def selects_something(self) -> bool:
+        """Whether a field other than ``all``, ``reason`` and ``cascade`` is set."""
+        skipped = {"all", "reason", "cascade"}
+        return any(
+            getattr(self, f.name) is not None
+            for f in attrs.fields(FilterBody)
+            if f.name not in skipped
+        )
 
 
 @attrs.frozen

@@ -276,7 +276,8 @@ class Client:
         cascade: bool = True,
     ) -> int:
         """Cancel every active task ``filter`` selects; how many changed."""
-        body = {**_filter_body(filter), "reason": reason.value, "cascade": cascade}
+        selection = _filter_body(filter) or {"all": True}  # the service refuses {}
+        body = {**selection, "reason": reason.value, "cascade": cascade}
         found = await self._request("POST", "/v1/tasks:cancel", json=body)
         return int(found["cancelled"])
 

@@ -128,6 +128,15 @@ async def create_children(call: Call) -> list[Task]:
 
 async def cancel_tasks(call: Call) -> CancelledCount:
     body = rq.body_as(call.body, FilterBody)
+    if body.all == body.selects_something():
+        # {} must not mean "everything": that takes an explicit {"all": true}.
+        raise ServiceError(
+            422,
+            "invalid_body",
+            'name a filter (task_types, statuses, ...), or {"all": true} alone to '
+            "cancel every active task",
+            field="all",
+        )
     rq.ensure_own_app(call.caller.app_id, body.app_id)
     filter = TaskFilter(
         app_id=body.app_id,
@@ -237,6 +246,8 @@ def _published(call: Call, job: ExternalJob) -> ExternalJob:
 
 async def upsert_job(call: Call) -> ExternalJob:
     body = rq.body_as(call.body, UpsertJobBody)
+    if body.user_id is not None:
+        validation.check_key("user_id", body.user_id, validation.USER_ID_MAX)
     await call.service.hub.start()  # its position names the store's cursor
     app_id = _named_app(call, body.app_id)
     return _published(call, call.service.jobs.upsert(app_id, call.path("job_id"), body))
@@ -254,6 +265,10 @@ async def complete_job(call: Call) -> ExternalJob:
     await call.service.hub.start()  # its position names the store's cursor
     job_id = call.path("job_id")
     return _published(call, call.service.jobs.complete(_named_app(call, None), job_id, body))
+
+
+async def get_job(call: Call) -> ExternalJob:
+    return call.service.jobs.get(_named_app(call, None), call.path("job_id"))
 
 
 async def list_jobs(call: Call) -> list[ExternalJob]:

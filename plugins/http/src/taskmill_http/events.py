@@ -173,15 +173,24 @@ class EventHub:
 
         :raises ServiceError: 422 ``invalid_query`` for a malformed position.
         :raises InvalidCursor: (422 ``invalid_cursor``) for a ``T`` this store did not
-            write.
+            write, or one ahead of the store's current cursor (a store restored from a
+            backup, another store): a stream from there would stay silent.
         """
         position = Position.parse(text)
+        storage = self.tm.storage
         try:
-            await self.tm.storage.read_events(position.task, limit=0)
+            await storage.read_events(position.task, limit=0)
         except InvalidCursor as exc:
             raise InvalidCursor(
                 f"{exc} (the T of a position T.L, as sent in an event id)"
             ) from None
+        _, current = await storage.read_events(None)
+        if current < position.task:  # store tokens compare with < only
+            raise InvalidCursor(
+                f"{position.task!r} is ahead of this store's event log (at {current!r}):"
+                " the store was restored or replaced; reconnect without Last-Event-ID"
+                " or since (the T of a position T.L, as sent in an event id)"
+            )
         return position
 
     async def close(self) -> None:

@@ -21,6 +21,7 @@ from taskmill.model import Progress, TaskStatus
 from taskmill.storage import utcnow
 
 from taskmill_http.errors import ServiceError
+from taskmill_http.requests import MAX_SECONDS
 
 
 @attrs.frozen
@@ -39,15 +40,22 @@ class ExternalJob:
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+    user_id: str | None = None
+    """Who asked for the job (its owner's word), like a task's ``user_id``."""
+    eta_seconds: float | None = None
+    """The owner's estimate of the seconds left, as of ``updated_at``."""
 
 
 @attrs.frozen
 class ProgressBody:
-    """Progress of an external job: ``done`` of ``total``, with a message."""
+    """Progress of an external job: ``done`` of ``total``, with a message, and the
+    owner's estimate of the seconds left. A field left out keeps its value (a new job:
+    0 done, no total, no message, no estimate)."""
 
-    done: float = 0
+    done: float | None = None
     total: float | None = None
     message: str | None = None
+    eta_seconds: float | None = None
 
 
 @attrs.frozen
@@ -60,6 +68,7 @@ class UpsertJobBody:
     progress: ProgressBody | None = None
     data: dict[str, Any] | None = None
     app_id: str | None = None
+    user_id: str | None = None
 
 
 @attrs.frozen
@@ -71,13 +80,41 @@ class CompleteJobBody:
     error: str | None = None
 
 
-def _progress(body: ProgressBody) -> Progress:
+def _progressed(job: ExternalJob, body: ProgressBody) -> ExternalJob:
+    """``job`` with the progress fields ``body`` names (the others kept).
+
+    :raises ServiceError: 422 naming a number out of range.
+    """
     for name, value in (("done", body.done), ("total", body.total)):
         if value is not None and not -1e15 <= value <= 1e15:
-            raise ServiceError(422, "invalid_body", f"progress {name} is out of range")
+            raise ServiceError(422, "invalid_body", f"progress {name} is out of range", field=name)
     if body.total is not None and body.total <= 0:
-        raise ServiceError(422, "invalid_body", "progress total must be > 0")
-    return Progress(done=body.done, total=body.total, message=body.message)
+        raise ServiceError(422, "invalid_body", "progress total must be > 0", field="total")
+    eta = body.eta_seconds
+    if eta is not None and not 0 <= eta <= MAX_SECONDS:
+        raise ServiceError(
+            422,
+            "invalid_body",
+            f"eta_seconds must be between 0 and {MAX_SECONDS:g}",
+            field="eta_seconds",
+        )
+    old = job.progress
+    progress = Progress(
+        done=old.done if body.done is None else body.done,
+        total=old.total if body.total is None else body.total,
+        message=old.message if body.message is None else body.message,
+    )
+    return attrs.evolve(job, progress=progress, eta_seconds=job.eta_seconds if eta is None else eta)
+
+
+def _refuse_when_final(job: ExternalJob, what: str) -> None:
+    """:raises ServiceError: 409 ``invalid_transition`` when ``job`` has ended."""
+    if job.status.terminal:
+        raise ServiceError(
+            409,
+            "invalid_transition",
+            f"external job {job.job_id} is {job.status.value}, a final state: {what}",
+        )
 
 
 class ExternalJobs:
@@ -121,11 +158,15 @@ class ExternalJobs:
         return job
 
     def upsert(self, app_id: str | None, job_id: str, body: UpsertJobBody) -> ExternalJob:
-        """Create the job, or update the fields ``body`` gives."""
+        """Create the job, or update the fields ``body`` gives (progress: the fields it
+        names).
+
+        :raises ServiceError: 409 ``invalid_transition`` for a new status or progress of
+            a job in a final state (completed, failed, cancelled).
+        """
         self._expire()
         now = utcnow()
         found = self._jobs.get((app_id, job_id))
-        progress = None if body.progress is None else _progress(body.progress)
         if found is None:
             status = body.status or TaskStatus.RUNNING
             job = ExternalJob(
@@ -133,42 +174,51 @@ class ExternalJobs:
                 app_id=app_id,
                 title=body.title or job_id,
                 status=status,
-                progress=progress or Progress(),
+                progress=Progress(),
                 data=body.data or {},
                 result=None,
                 error=None,
                 created_at=now,
                 updated_at=now,
                 finished_at=now if status.terminal else None,
+                user_id=body.user_id,
             )
         else:
-            old = found[1]
-            status = body.status or old.status
+            job = found[1]
+            status = body.status or job.status
+            if status != job.status or body.progress is not None:
+                _refuse_when_final(job, "its status and progress no longer change")
             job = attrs.evolve(
-                old,
-                title=old.title if body.title is None else body.title,
+                job,
+                title=job.title if body.title is None else body.title,
                 status=status,
-                progress=progress or old.progress,
-                data=old.data if body.data is None else {**old.data, **body.data},
+                data=job.data if body.data is None else {**job.data, **body.data},
+                user_id=job.user_id if body.user_id is None else body.user_id,
                 updated_at=now,
-                finished_at=(old.finished_at or now) if status.terminal else None,
+                finished_at=(job.finished_at or now) if status.terminal else None,
             )
+        if body.progress is not None:
+            job = _progressed(job, body.progress)
         return self._store(job)
 
     def progress(self, app_id: str | None, job_id: str, body: ProgressBody) -> ExternalJob:
-        """Record progress of a known job.
+        """Record progress of a known, unfinished job (the fields ``body`` names).
 
-        :raises ServiceError: 404 for an unknown job.
+        :raises ServiceError: 404 for an unknown job, 409 ``invalid_transition`` for a
+            job in a final state.
         """
         job = self.get(app_id, job_id)
-        return self._store(attrs.evolve(job, progress=_progress(body), updated_at=utcnow()))
+        _refuse_when_final(job, "it takes no more progress")
+        return self._store(attrs.evolve(_progressed(job, body), updated_at=utcnow()))
 
     def complete(self, app_id: str | None, job_id: str, body: CompleteJobBody) -> ExternalJob:
-        """Record the end of a known job.
+        """Record the end of a known, unfinished job.
 
-        :raises ServiceError: 404 for an unknown job.
+        :raises ServiceError: 404 for an unknown job, 409 ``invalid_transition`` for a
+            job in a final state (it ends once).
         """
         job = self.get(app_id, job_id)
+        _refuse_when_final(job, "it ends once")
         now = utcnow()
         return self._store(
             attrs.evolve(

@@ -50,6 +50,7 @@ from taskmill_http.endpoints import (
     create_tasks,
     delete_handler,
     events,
+    get_job,
     get_task,
     job_progress,
     list_handlers,
@@ -333,7 +334,9 @@ EVENT_ENDPOINTS: tuple[Endpoint, ...] = (
                 _name("since"),
                 "resume after this position (an event id T.L, or T: a task event's "
                 "cursor, an opaque token of the store); the Last-Event-ID header wins "
-                "over it. A position the store did not write is a 422 invalid_cursor",
+                "over it. A position the store did not write (made up, from another "
+                "store, ahead of the store) is a 422 invalid_cursor; one of another "
+                "shape a 422 invalid_query",
             ),
         ),
         errors=(403, 422),
@@ -350,6 +353,15 @@ EVENT_ENDPOINTS: tuple[Endpoint, ...] = (
         ExternalJob,
         body=UpsertJobBody,
         params=(JOB_ID,),
+        errors=(404, 409),
+    ),
+    Endpoint(
+        "GET",
+        "/v1/external-jobs/{job_id}",
+        get_job,
+        "Get one external job (of the token's app; an admin token: of the host)",
+        ExternalJob,
+        params=(JOB_ID,),
         errors=(404,),
     ),
     Endpoint(
@@ -360,7 +372,7 @@ EVENT_ENDPOINTS: tuple[Endpoint, ...] = (
         ExternalJob,
         body=ProgressBody,
         params=(JOB_ID,),
-        errors=(404,),
+        errors=(404, 409),
     ),
     Endpoint(
         "POST",
@@ -370,7 +382,7 @@ EVENT_ENDPOINTS: tuple[Endpoint, ...] = (
         ExternalJob,
         body=CompleteJobBody,
         params=(JOB_ID,),
-        errors=(404,),
+        errors=(404, 409),
     ),
     Endpoint(
         "GET",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
@@ -64,10 +64,34 @@ def error_response(status: int, code: str, message: str, field: str | None = Non
 # -- the app ---------------------------------------------------------------------------
 
 
-def _route(service: Service, endpoint: Endpoint) -> Route:
+def _refuse_unknown_query(endpoint: Endpoint, request: Request) -> None:
+    """:raises ServiceError: 422 ``invalid_query`` naming a query parameter the
+    endpoint does not take (strict, as bodies are: a misspelt filter must not widen a
+    listing to everything)."""
+    known = {p.name for p in endpoint.params if p.where == "query"}
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        takes = ", ".join(sorted(known)) or "none"
+        raise ServiceError(
+            422,
+            "invalid_query",
+            f"unknown query parameter {unknown[0]!r} (this endpoint takes: {takes})",
+            field=unknown[0],
+        )
+
+
+def _route(service: Service, endpoints: Sequence[Endpoint]) -> Route:
+    """One route for every endpoint of a path (so that a 405 lists all its methods)."""
+    by_method = {e.method: e for e in endpoints}
+    if "GET" in by_method:
+        by_method.setdefault("HEAD", by_method["GET"])
+
     async def serve(request: Request) -> Response:
+        # Starlette answers other methods 405 with Allow (see _http_error).
+        endpoint = by_method[request.method]
         try:
             caller = Caller(None) if endpoint.public else service.authenticate(request)
+            _refuse_unknown_query(endpoint, request)
             if endpoint.admin_only and not caller.is_admin:
                 raise ServiceError(403, "admin_only", "this endpoint needs an admin token")
             call = Call(service, caller, request, endpoint)
@@ -89,14 +113,17 @@ def _route(service: Service, endpoint: Endpoint) -> Route:
             return result
         return json_response(result, endpoint.status)
 
-    return Route(endpoint.path, serve, methods=[endpoint.method], name=endpoint.operation_id)
+    return Route(endpoints[0].path, serve, methods=list(by_method), name=endpoints[0].operation_id)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "bad_request")
     message = "no such endpoint" if exc.status_code == 404 else str(exc.detail)
-    return error_response(exc.status_code, code, message)
+    response = error_response(exc.status_code, code, message)
+    if exc.headers and "Allow" in exc.headers:
+        response.headers["Allow"] = exc.headers["Allow"]
+    return response
 
 
 def create_app(
@@ -130,7 +157,10 @@ def create_app(
     endpoints = (*ENDPOINTS, openapi_endpoint(ENDPOINTS))
     service.endpoints = endpoints
 
-    routes: list[BaseRoute] = [_route(service, e) for e in endpoints]
+    by_path: dict[str, list[Endpoint]] = {}
+    for endpoint in endpoints:
+        by_path.setdefault(endpoint.path, []).append(endpoint)
+    routes: list[BaseRoute] = [_route(service, group) for group in by_path.values()]
     ui = create_dashboard(service, session_secret=session_secret) if dashboard else None
     if ui is not None:
         routes.append(Route("/ui", lambda request: RedirectResponse("ui/", 308)))
