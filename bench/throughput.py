@@ -28,7 +28,8 @@ reports taskmill's figures as ratios to it (issue 15):
 
 The runs alternate: each round runs the reference, then every setting once, so the
 ratio of a run is to the reference of its own round. Settings are
-``concurrency:prefetch:finish_window``; by default the defaults (``C:0:0``) and the
+``concurrency:prefetch:finish_window`` (``default`` for the worker's own default); by
+default the defaults (``C:default:default``) and the
 settings a user would choose for throughput (``C:1000:0.002``, see docs/benchmarks.md,
 "The local queue") at ``--concurrency`` and ``--default-concurrency``.
 
@@ -87,23 +88,44 @@ TARGET_RATIO = {"memory": 0.5, "sqlite": 0.25, "postgresql": 0.5}
 
 @dataclass(frozen=True)
 class Setting:
-    """One worker configuration measured: ``concurrency:prefetch:finish_window``."""
+    """One worker configuration measured: ``concurrency:prefetch:finish_window``; a
+    ``prefetch`` or ``finish_window`` of None (``default`` in the text) is the worker's
+    default (prefetch auto, a 2 ms window)."""
 
     concurrency: int
-    prefetch: int = 0
-    finish_window: float = 0.0
+    prefetch: int | None = 0
+    finish_window: float | None = 0.0
 
     @classmethod
     def parse(cls, text: str) -> Setting:
         concurrency, prefetch, window = text.split(":")
-        setting = cls(int(concurrency), int(prefetch), float(window))
-        if setting.concurrency < 1 or setting.prefetch < 0 or setting.finish_window < 0:
+        setting = cls(
+            int(concurrency),
+            None if prefetch == "default" else int(prefetch),
+            None if window == "default" else float(window),
+        )
+        if (
+            setting.concurrency < 1
+            or (setting.prefetch or 0) < 0
+            or (setting.finish_window or 0) < 0
+        ):
             raise ValueError(text)
         return setting
 
     @property
     def label(self) -> str:
-        return f"{self.concurrency}:{self.prefetch}:{self.finish_window:g}"
+        prefetch = "default" if self.prefetch is None else self.prefetch
+        window = "default" if self.finish_window is None else f"{self.finish_window:g}"
+        return f"{self.concurrency}:{prefetch}:{window}"
+
+    def worker_args(self) -> dict[str, Any]:
+        """The keyword arguments of ``tm.worker`` (a default left out)."""
+        args: dict[str, Any] = {"concurrency": self.concurrency}
+        if self.prefetch is not None:
+            args["prefetch"] = self.prefetch
+        if self.finish_window is not None:
+            args["finish_window"] = self.finish_window
+        return args
 
 
 async def noop(ctx: Context, params: dict[str, Any]) -> None:
@@ -134,12 +156,7 @@ async def enqueue_all(tm: Taskmill, task_type: str, tasks: int, batch_size: int)
 
 async def drain(tm: Taskmill, setting: Setting, profile: Path | None) -> tuple[float, int]:
     """Run one worker until idle; returns (seconds, attempts it finished)."""
-    worker = tm.worker(
-        concurrency=setting.concurrency,
-        prefetch=setting.prefetch,
-        finish_window=setting.finish_window,
-        handle_signals=False,
-    )
+    worker = tm.worker(**setting.worker_args(), handle_signals=False)
     profiler = cProfile.Profile() if profile else None
     started = time.perf_counter()
     if profiler:
@@ -157,7 +174,7 @@ async def drain_in_this_process(args: argparse.Namespace) -> None:
     """``--drain``: the worker process of a run. Prints its figures as one JSON line."""
     tm = open_taskmill(args.url[0], args.task_type)
     async with tm:
-        setting = Setting(args.concurrency, args.prefetch, args.finish_window)
+        setting = Setting.parse(f"{args.concurrency}:{args.prefetch}:{args.finish_window}")
         seconds, processed = await drain(tm, setting, args.profile)
     print(json.dumps({"seconds": seconds, "processed": processed}))
 
@@ -176,9 +193,9 @@ def drain_in_worker_process(
         "--concurrency",
         str(setting.concurrency),
         "--prefetch",
-        str(setting.prefetch),
+        "default" if setting.prefetch is None else str(setting.prefetch),
         "--finish-window",
-        str(setting.finish_window),
+        "default" if setting.finish_window is None else str(setting.finish_window),
     ]
     if profile:
         command += ["--profile", str(profile)]
@@ -579,7 +596,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=Setting.parse,
         default=[],
         metavar="C:P:W",
-        help="worker concurrency:prefetch:finish_window (repeatable; default: C:0:0 and "
+        help="worker concurrency:prefetch:finish_window, P or W `default` for the worker's "
+        "default (repeatable; default: C:default:default and "
         f"C:{THROUGHPUT_PREFETCH}:{THROUGHPUT_FINISH_WINDOW} for C in --concurrency and "
         "--default-concurrency)",
     )
@@ -608,8 +626,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--profile", type=Path, help="write a cProfile of the (last) drain to this file"
     )
     parser.add_argument("--drain", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--prefetch", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--finish-window", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--prefetch", default="0", help=argparse.SUPPRESS)
+    parser.add_argument("--finish-window", default="0", help=argparse.SUPPRESS)
     parser.add_argument("--task-type", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.drain:
@@ -631,15 +649,19 @@ def settings_of(args: argparse.Namespace) -> list[Setting]:
     concurrencies = [args.concurrency]
     if args.default_concurrency and args.default_concurrency != args.concurrency:
         concurrencies.append(args.default_concurrency)
-    settings = [Setting(c) for c in concurrencies]
+    settings = [Setting(c, None, None) for c in concurrencies]
     settings += [Setting(c, THROUGHPUT_PREFETCH, THROUGHPUT_FINISH_WINDOW) for c in concurrencies]
     return settings
 
 
 def setting_text(setting: Setting) -> str:
-    if not setting.prefetch and not setting.finish_window:
+    if setting.prefetch is None and setting.finish_window is None:
         return "defaults"
-    return f"prefetch {setting.prefetch}, finish_window {setting.finish_window * 1000:g} ms"
+    if setting.prefetch == 0 and setting.finish_window == 0:
+        return "no local queue, no finish window"
+    prefetch = "auto" if setting.prefetch is None else setting.prefetch
+    window = 2 if setting.finish_window is None else setting.finish_window * 1000
+    return f"prefetch {prefetch}, finish_window {window:g} ms"
 
 
 async def bench_backend(

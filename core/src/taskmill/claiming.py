@@ -5,10 +5,16 @@ less what the worker holds, counting outcomes not yet written. The general slots
 claimed for first, then the slots reserved for high priority. Each handler key is named
 with the room left under its ``concurrency`` cap, and each global limit travels with
 the claim, so the store enforces both in the same statement.
+
+``prefetch=None`` (the default) sizes the local queue from the worker's own pace: about
+:data:`AUTO_QUEUE_SECONDS` of work at the rate it started tasks over the last
+:data:`RATE_WINDOW`, never more than :data:`AUTO_PREFETCH_MAX` tasks, and none while
+that is less than one task per slot (slow handlers: nothing is held unstarted).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from taskmill.finish_writer import FinishWriter
@@ -17,6 +23,23 @@ from taskmill.model import Task
 from taskmill.registry import Handler, HandlerRegistry
 from taskmill.slots import HIGH_PRIORITY, Slots
 from taskmill.storage import ClaimRequest, HandlerKey, TaskStorage, utcnow
+
+AUTO_PREFETCH_MAX = 1000
+"""The most tasks a worker with the default (``prefetch`` auto) holds but has not
+started: the fairness bound between workers."""
+AUTO_QUEUE_SECONDS = 0.1
+"""With ``prefetch`` auto, the local queue holds about this many seconds of work at the
+worker's measured rate of starting tasks."""
+RATE_WINDOW = 0.1
+"""Seconds over which that rate is measured (``prefetch`` auto)."""
+
+
+def auto_prefetch(rate: float, concurrency: int) -> int:
+    """The local queue's size for a worker starting ``rate`` tasks a second: about
+    :data:`AUTO_QUEUE_SECONDS` of work, at most :data:`AUTO_PREFETCH_MAX`; 0 while that
+    is less than one task per slot."""
+    size = int(rate * AUTO_QUEUE_SECONDS)
+    return 0 if size < concurrency else min(size, AUTO_PREFETCH_MAX)
 
 
 class Claimer:
@@ -28,7 +51,7 @@ class Claimer:
         worker_id: str,
         concurrency: int,
         reserved_high_priority_slots: int,
-        prefetch: int,
+        prefetch: int | None,
         lease_seconds: float,
         task_types: frozenset[str] | None,
         app_ids: frozenset[str | None] | None,
@@ -41,7 +64,11 @@ class Claimer:
         self._worker_id = worker_id
         self._concurrency = concurrency
         self._general = concurrency - reserved_high_priority_slots
-        self._prefetch = prefetch
+        self._auto = prefetch is None
+        self._prefetch = 0 if prefetch is None else prefetch
+        """The local queue's size now (with ``prefetch`` auto, it follows the rate)."""
+        self._window_start = time.monotonic()
+        self._window_started = 0
         self._lease_seconds = lease_seconds
         self._task_types = task_types
         self._app_ids = app_ids
@@ -57,6 +84,25 @@ class Claimer:
         not yet written."""
         slots = self._slots
         return len(slots.running) + len(slots.queued) + self._writer.held
+
+    @property
+    def prefetch(self) -> int:
+        """The local queue's size now: ``prefetch``, or with auto the size the rate of
+        starting tasks calls for (at most :data:`AUTO_PREFETCH_MAX`)."""
+        return self._prefetch
+
+    def _measure(self) -> None:
+        """With ``prefetch`` auto: resize the queue every :data:`RATE_WINDOW` from the
+        tasks started meanwhile (started, not claimed: claims from a full queue are
+        rarer than a window)."""
+        now = time.monotonic()
+        elapsed = now - self._window_start
+        if elapsed >= RATE_WINDOW:
+            started = self._slots.started
+            rate = (started - self._window_started) / elapsed
+            self._prefetch = auto_prefetch(rate, self._concurrency)
+            self._window_start = now
+            self._window_started = started
 
     def served_handlers(self) -> list[Handler]:
         """The handlers this worker claims for: the registry's, narrowed by
@@ -95,6 +141,11 @@ class Claimer:
         for the write in flight")."""
         if self._stopping():
             return 0, False
+        if self._auto:
+            self._measure()
+        return await self._fill(prefetch=prefetch, coalesce=coalesce)
+
+    async def _fill(self, *, prefetch: bool, coalesce: bool) -> tuple[int, bool]:
         if self._prefetch and prefetch:
             return await self._fill_queue()
         general = self._general

@@ -83,6 +83,8 @@ class Slots:
         """Tasks running or queued, per handler key (against each handler's cap)."""
         self.queued: list[QueuedTask] = []
         """The local queue of prefetched tasks (a heap)."""
+        self.started = 0
+        """Attempts started so far (the pace ``prefetch`` auto follows)."""
         self._queue_seq = itertools.count()
         self.runner = AttemptRunner(
             worker_id=worker_id,
@@ -142,6 +144,7 @@ class Slots:
             high=task.priority >= HIGH_PRIORITY,
         )
         self.running[task.id] = execution
+        self.started += 1
         if not execution.high:
             self.running_normal += 1
         if not counted:

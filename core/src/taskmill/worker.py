@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic
 
 from taskmill.backoff import RetryPolicy
-from taskmill.claiming import Claimer
+from taskmill.claiming import AUTO_PREFETCH_MAX, Claimer
 from taskmill.errors import ConfigurationError, log_retried_failure
 from taskmill.finish_writer import MAX_FINISH_BATCH, SLOW_WRITE_SECONDS, FinishWriter
 from taskmill.hosts import ServingHost
@@ -129,7 +129,8 @@ class Worker(Generic[HostT]):
         self.scheduler: Scheduler | None = None
         """The scheduler loop of the current :meth:`run`, when it has one."""
         self.prefetch = options.prefetch
-        """Tasks claimed ahead of the free slots into the local queue (0: none)."""
+        """Tasks claimed ahead of the free slots into the local queue (0: none; None:
+        auto, sized from the worker's pace, at most ``AUTO_PREFETCH_MAX``)."""
         self.finish_window = options.finish_window
 
         host = self._host
@@ -137,7 +138,7 @@ class Worker(Generic[HostT]):
             storage=host.storage,
             plugins=host.plugins,
             concurrency=concurrency,
-            prefetch=self.prefetch,
+            prefetch=AUTO_PREFETCH_MAX if self.prefetch is None else self.prefetch,
             finish_window=self.finish_window,
             wake=self.notify,
             stopping=self._is_stopping,
@@ -207,7 +208,8 @@ class Worker(Generic[HostT]):
     @property
     def held(self) -> int:
         """Tasks this worker holds in the store: running handlers plus outcomes not yet
-        written, plus prefetched tasks. Never more than ``concurrency + prefetch``: claims
+        written, plus prefetched tasks. Never more than ``concurrency + prefetch`` (auto:
+        ``concurrency + AUTO_PREFETCH_MAX``): claims
         wait for the writes. An attempt
         handed over to another owner (:class:`~taskmill.Detached`) is no longer held."""
         return self._claimer.held
@@ -390,7 +392,7 @@ class Worker(Generic[HostT]):
                 claimed, drained, failed = 0, True, True
             if claimed:
                 poll = self.min_poll_interval
-            has_free = claimer.held < self.concurrency + self.prefetch
+            has_free = claimer.held < self.concurrency + claimer.prefetch
             if claimed and has_free and not drained:
                 continue  # a full batch came back: there may be more
             timeout: float | None = poll if has_free else None

@@ -57,8 +57,10 @@ def _leaves_normal_slots(
         )
 
 
-def _not_negative(instance: WorkerOptions, attribute: attrs.Attribute[int], value: int) -> None:
-    if value < 0:
+def _not_negative_or_auto(
+    instance: WorkerOptions, attribute: attrs.Attribute[int | None], value: int | None
+) -> None:
+    if value is not None and value < 0:
         raise ValueError(f"{attribute.name} must be at least 0, got {value}")
 
 
@@ -254,11 +256,14 @@ class WorkerOptions:
         ),
     )
     """Only tasks of these apps are claimed (None in it: the host's own). None: all."""
-    prefetch: int = attrs.field(
-        default=0,
-        validator=_not_negative,
+    prefetch: int | None = attrs.field(
+        default=None,
+        validator=_not_negative_or_auto,
         metadata=settable(
-            "tasks claimed ahead of the free slots into a local queue", whole(0), "N"
+            "tasks claimed ahead of the free slots into a local queue; auto: sized from "
+            "the worker's pace (about 0.1 s of work, at most 1000); 0: off",
+            optional(whole(0), "auto"),
+            "N",
         ),
     )
     """Tasks claimed ahead of the free slots and kept in a local queue (graphile-worker's
@@ -266,12 +271,16 @@ class WorkerOptions:
     without a claim round trip, and claims come in larger batches. Prefetched tasks are
     held (RUNNING in the store, leases renewed) and count against the handlers'
     ``concurrency``; on stop they go back to PENDING at once without spending an
-    attempt. 0: claim only into free slots."""
+    attempt. 0: claim only into free slots. None (auto): about 0.1 s of work at the rate
+    the worker starts tasks, at most :data:`~taskmill.claiming.AUTO_PREFETCH_MAX` (1000)
+    tasks, and none while that is less than one task per slot (slow handlers)."""
     finish_window: float = attrs.field(
-        default=0.0,
+        default=0.002,
         validator=_not_negative_float,
         metadata=settable(
-            "how long outcomes are gathered into one write", seconds(0, exclusive=False), "SECONDS"
+            "how long outcomes are gathered into one write; 0: write at once",
+            seconds(0, exclusive=False),
+            "SECONDS",
         ),
     )
     """Seconds the writer waits after the first unwritten outcome to gather more into
@@ -304,5 +313,5 @@ class WorkerArgs(TypedDict, total=False):
     cleanup_interval: float
     task_types: Collection[str] | None
     app_ids: Collection[str | None] | None
-    prefetch: int
+    prefetch: int | None
     finish_window: float
