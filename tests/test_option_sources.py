@@ -151,6 +151,8 @@ def _text(value: Any) -> str:
 
 def _toml(value: Any) -> str:
     """``value`` as a TOML value."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, timedelta):
         return repr(value.total_seconds())
     if isinstance(value, frozenset):

@@ -117,14 +117,15 @@ async def test_the_schema_version_is_stored(tmp_path: Path):
     assert stored_version(path) == str(latest_version())
 
 
-def test_the_current_schema_is_version_5_with_the_control_tables():
-    assert latest_version() == 5
+def test_the_current_schema_is_version_6_with_the_tombstones():
+    assert latest_version() == 6
     assert [m.name for m in migrations()] == [
         "0001_initial.sql",
         "0002_control.sql",
         "0003_handler_registrations.sql",
         "0004_dependencies.sql",
         "0005_rate_limits.sql",
+        "0006_tombstones.sql",
     ]
 
 
@@ -132,7 +133,7 @@ async def test_the_control_tables_and_indexes_exist(tmp_path: Path):
     path = tmp_path / "t.db"
     await make_store(path, 0)
     names = {row[1] for row in schema_of(path)}
-    assert {"suspensions", "suspensions_scope", "events"} <= names
+    assert {"suspensions", "suspensions_scope", "events", "tombstones", "tombstones_age"} <= names
     assert {"handler_registrations", "handler_registrations_key"} <= names
     assert {"task_dependencies", "task_dependencies_dependent"} <= names
     assert "rate_buckets" in names

@@ -34,7 +34,7 @@ from taskmill.periodic import (
     Schedules,
 )
 from taskmill.plugins import DISABLE_ENV, ENABLE_ENV, PluginInfo, Plugins
-from taskmill.registry import Handler, HandlerFunc, HandlerRegistry
+from taskmill.registry import Handler, HandlerFunc, HandlerRegistry, Retention
 from taskmill.serialization import dumps, encode_params
 from taskmill.storage import Finish, FinishKind, Lease, NewTask, TaskStorage, utcnow
 from taskmill.validation import (
@@ -82,6 +82,8 @@ def _stop_reason(kind: FinishKind, reason: CancelReason | None) -> CancelReason:
     return reason
 
 
+_KEEP = Retention()
+"""No worker's defaults: a detached report follows its handler's own options only."""
 _DETACHED_OUTCOMES = {
     FinishKind.COMPLETE: AttemptOutcome.COMPLETED,
     FinishKind.RETRY: AttemptOutcome.FAILED,
@@ -293,6 +295,8 @@ class Taskmill(TaskOperations):
         concurrency: int | None = None,
         rate_limit: str | None = None,
         global_concurrency: int | None = None,
+        delete_completed: bool | None = None,
+        delete_failed: bool | None = None,
     ) -> Callable[[F], F]:
         """Decorator: register the function as the handler of ``task_type``.
 
@@ -304,6 +308,10 @@ class Taskmill(TaskOperations):
         ``rate_limit`` (``"100/s"``, ``"30/min"``, ``"5/h"``) caps how many start per
         period across every worker. Both global limits are applied inside the store's
         claim; see docs/rate-limits.md. With ``app_id`` they cover that app's tasks only.
+
+        ``delete_completed`` deletes each task when it completes, with its attempt log,
+        in the finish's transaction (``delete_failed`` the same when it fails for good);
+        None follows the worker's option of the same name. See docs/retention.md.
         """
 
         def decorate(func: F) -> F:
@@ -316,6 +324,8 @@ class Taskmill(TaskOperations):
                 concurrency=concurrency,
                 rate_limit=rate_limit,
                 global_concurrency=global_concurrency,
+                delete_completed=delete_completed,
+                delete_failed=delete_failed,
             )
             return func
 
@@ -332,6 +342,8 @@ class Taskmill(TaskOperations):
         concurrency: int | None = None,
         rate_limit: str | None = None,
         global_concurrency: int | None = None,
+        delete_completed: bool | None = None,
+        delete_failed: bool | None = None,
     ) -> Handler:
         """Register ``handler`` for ``(app_id, task_type)``; see :meth:`handler`.
 
@@ -347,6 +359,8 @@ class Taskmill(TaskOperations):
             concurrency=concurrency,
             rate_limit=rate_limit,
             global_concurrency=global_concurrency,
+            delete_completed=delete_completed,
+            delete_failed=delete_failed,
         )
 
     # -- periodic tasks ------------------------------------------------------------------
@@ -540,6 +554,9 @@ class Taskmill(TaskOperations):
           to PENDING without spending the attempt.
 
         A stored stop request turns a RETRY or FAIL into a RELEASE, as for any worker.
+        A COMPLETE (FAIL) deletes the task when its handler in this process says
+        ``delete_completed=True`` (``delete_failed=True``); a worker's defaults do not
+        apply here (docs/retention.md).
 
         The retry policy is a worker's option and is not stored with the task, so the
         caller says which applies: pass the ``retry_policy`` of the workers that serve
@@ -585,11 +602,23 @@ class Taskmill(TaskOperations):
             error=error,
             retry_in=retry_in or 0.0,
             cancel_reason=reason if kind is FinishKind.CANCEL else None,
+            delete=self._deletes(task, kind),
         )
         (stored,) = await self.storage.finish_batch([finish])
         if stored is not None and self.plugins.observes_finishes:
             await self.plugins.attempt_finished(finish, stored)  # a failing hook is logged
         return stored
+
+    def _deletes(self, task: Task, kind: FinishKind) -> bool:
+        """Whether a detached report of ``kind`` deletes ``task``: its handler's own
+        ``delete_completed`` / ``delete_failed`` here (no worker's default applies), on
+        a store that can."""
+        handler = self.registry.lookup(task.app_id, task.task_type)
+        return (
+            handler is not None
+            and self.storage.capabilities.delete_on_finish
+            and handler.deletes(kind, _KEEP)
+        )
 
     # -- workers -----------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from taskmill.handler_threads import THREADS as HANDLER_THREADS
 from taskmill.hosts import HandlerControl
 from taskmill.lifecycle import FINISHES, decide_retry, finish_kind
 from taskmill.model import AttemptOutcome, CancelReason, Task
-from taskmill.registry import Handler
+from taskmill.registry import Handler, Retention
 from taskmill.serialization import dumps
 from taskmill.storage import Finish, FinishKind, HandlerKey, Lease, TaskStorage, utcnow
 from taskmill.validation import is_text
@@ -134,6 +134,7 @@ class AttemptRunner:
         storage: TaskStorage,
         plugins: AttemptHooks,
         retry_policy: RetryPolicy,
+        retention: Retention,
         finished: Callable[[Finish, Task | None], None],
         free: Callable[[Execution], None],
     ) -> None:
@@ -141,6 +142,8 @@ class AttemptRunner:
         self._storage = storage
         self._plugins = plugins
         self._retry_policy = retry_policy
+        self.retention = retention
+        """The worker's defaults for what a finish deletes."""
         self._finished = finished
         self._free = free
         self.detached = 0
@@ -244,6 +247,7 @@ class AttemptRunner:
             cancel_reason=ctx.cancel_reason if kind is FinishKind.CANCEL else None,
             data=data,
             progress=progress,
+            delete=execution.handler.deletes(kind, self.retention),
         )
         if not execution.abandoned:
             self._finished(finish, task)

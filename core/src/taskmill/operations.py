@@ -312,7 +312,12 @@ class TaskOperations:
     async def wait(self, task_id: str, *, timeout: float | None = None) -> Task:
         """Return the task once it is COMPLETED, FAILED or CANCELLED.
 
-        :raises TaskNotFound: no such task.
+        A task deleted by its finish (``delete_completed``, ``delete_failed``) is
+        returned as its last snapshot, its result included, while the event log keeps
+        its events (the workers' ``event_retention``, 2 minutes by default); see
+        docs/retention.md.
+
+        :raises TaskNotFound: no such task (or one deleted longer ago).
         :raises WaitTimeout: still active after ``timeout`` seconds.
         :raises InvalidTaskSpec: ``timeout`` is not None or a finite number >= 0.
         """
@@ -329,7 +334,14 @@ class TaskOperations:
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.005
         while True:
-            task = await self._require(task_id)
+            task = self._visible(await self._stored(task_id))
+            if task is None:
+                # Deleted by its finish (delete_completed, delete_failed): its tombstone,
+                # while the event log keeps it, else it is unknown.
+                if is_task_id(task_id):
+                    task = self._visible(await self._host.storage.deleted_task(task_id))
+                if task is None:
+                    raise TaskNotFound(f"no task {task_id}")
             if task.status.terminal:
                 return task
             if deadline is not None and time.monotonic() >= deadline:

@@ -11,7 +11,7 @@ import attrs
 from taskmill.errors import HandlerConflict, InvalidHandler
 from taskmill.limits import Rate, TypeLimit, check_max_running, parse_rate
 from taskmill.model import JSON
-from taskmill.storage import HandlerKey
+from taskmill.storage import FinishKind, HandlerKey
 from taskmill.validation import (
     APP_ID_MAX,
     MAX_RETRIES_MAX,
@@ -27,6 +27,15 @@ if TYPE_CHECKING:
 AsyncHandlerFunc: TypeAlias = Callable[["Context", dict[str, Any]], Awaitable[JSON]]
 SyncHandlerFunc: TypeAlias = Callable[["Context", dict[str, Any]], JSON]
 HandlerFunc: TypeAlias = AsyncHandlerFunc | SyncHandlerFunc
+
+
+@attrs.frozen
+class Retention:
+    """A worker's defaults for what its finishes delete (docs/retention.md): its
+    ``delete_completed`` and ``delete_failed`` options."""
+
+    delete_completed: bool = False
+    delete_failed: bool = False
 
 
 @attrs.frozen
@@ -46,6 +55,10 @@ class Handler:
     """At most this many starts per period across every worker of the store."""
     global_concurrency: int | None = None
     """At most this many RUNNING tasks of this key across every worker of the store."""
+    delete_completed: bool | None = None
+    """Delete its tasks when they complete (None: the worker's ``delete_completed``)."""
+    delete_failed: bool | None = None
+    """Delete its tasks when they fail for good (None: the worker's ``delete_failed``)."""
     source: str = "application"
     """Who registered it (the application, or a plugin's name): named in conflicts."""
     is_async: bool = attrs.field(init=False)
@@ -61,6 +74,17 @@ class Handler:
     def key(self) -> HandlerKey:
         """``(app_id, task_type)``."""
         return (self.app_id, self.task_type)
+
+    def deletes(self, kind: FinishKind, worker: Retention) -> bool:
+        """Whether a finish of ``kind`` deletes its task: this handler's
+        ``delete_completed`` / ``delete_failed``, else the ``worker``'s."""
+        if kind is FinishKind.COMPLETE:
+            own = self.delete_completed
+            return worker.delete_completed if own is None else own
+        if kind is FinishKind.FAIL:
+            own = self.delete_failed
+            return worker.delete_failed if own is None else own
+        return False
 
     @property
     def limit(self) -> TypeLimit | None:
@@ -84,6 +108,12 @@ def _check_options(
     check_timeout(timeout)
     if concurrency is not None and concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+
+
+def _check_switch(name: str, value: bool | None) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"{name} must be True, False or None (the worker's), got {value!r}")
+    return value
 
 
 def _check_signature(task_type: str, handler: object) -> None:
@@ -135,6 +165,8 @@ class HandlerRegistry:
         concurrency: int | None = None,
         rate_limit: str | None = None,
         global_concurrency: int | None = None,
+        delete_completed: bool | None = None,
+        delete_failed: bool | None = None,
         source: str = "application",
     ) -> Handler:
         """Register ``handler`` for ``(app_id, task_type)`` and return its record.
@@ -159,6 +191,8 @@ class HandlerRegistry:
             concurrency=concurrency,
             rate_limit=rate,
             global_concurrency=max_running,
+            delete_completed=_check_switch("delete_completed", delete_completed),
+            delete_failed=_check_switch("delete_failed", delete_failed),
             source=source,
         )
         existing = self._handlers.get(record.key)
@@ -220,6 +254,8 @@ class HandlerRegistrar:
         concurrency: int | None = None,
         rate_limit: str | None = None,
         global_concurrency: int | None = None,
+        delete_completed: bool | None = None,
+        delete_failed: bool | None = None,
     ) -> Handler:
         """Register ``handler`` for ``(app_id, task_type)``, with the options of
         ``Taskmill.handler``.
@@ -237,6 +273,8 @@ class HandlerRegistrar:
             concurrency=concurrency,
             rate_limit=rate_limit,
             global_concurrency=global_concurrency,
+            delete_completed=delete_completed,
+            delete_failed=delete_failed,
             source=self.source,
         )
         self.handlers.append(record)

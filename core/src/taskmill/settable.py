@@ -47,6 +47,9 @@ class TextForm:
     """The word that means None ("auto", "off"), if any."""
     many: bool = False
     """A list: comma-separated in text, an array in a file; a flag may be repeated."""
+    switch: bool = False
+    """True or false: the flag alone means true (``--delete-completed``), and also takes
+    a value (``--delete-completed false``)."""
     to_option: Callable[[Any], Any] = _same
     """The setting's value as the option takes it (seconds as a ``timedelta``)."""
     from_option: Callable[[Any], Any] = _same
@@ -368,7 +371,10 @@ def boolean() -> TextForm:
         return value
 
     return TextForm(
-        expected="true or false (1/0, yes/no, on/off)", from_text=from_text, from_value=from_value
+        expected="true or false (1/0, yes/no, on/off)",
+        from_text=from_text,
+        from_value=from_value,
+        switch=True,
     )
 
 

@@ -53,6 +53,7 @@ __all__ = [
     "Active",
     "CancelLedger",
     "Edge",
+    "Forgets",
     "Ledger",
     "ServerSideCancelLedger",
     "ServerSideLedger",
@@ -66,6 +67,8 @@ R = TypeVar("R")
 assert CANCELLATION.outcome is not None
 _CANCELLED_OUTCOME: Final = CANCELLATION.outcome
 _TERMINAL: Final = frozenset(status for status in TaskStatus if status.terminal)
+_DELETABLE: Final = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED})
+"""What a finish with ``delete`` deletes: the ends a handler's attempt writes."""
 
 
 @attrs.frozen
@@ -135,6 +138,20 @@ class Ledger(_Settles[R], Protocol[R]):
         ...
 
 
+R_in = TypeVar("R_in", contravariant=True)
+
+
+class Forgets(Protocol[R_in]):
+    """The ledger of a store with the ``delete_on_finish`` capability."""
+
+    async def forget(self, rows: Sequence[R_in]) -> None:
+        """Delete the ended tasks ``rows`` (a finish with
+        :attr:`~taskmill.storage.Finish.delete`, and the aliases it settled; their
+        events already emitted) with their execution logs, keeping each row as the
+        task's tombstone (:meth:`taskmill.storage.TaskStorage.deleted_task`)."""
+        ...
+
+
 class ServerSideLedger(_Settles[R], Protocol[R]):
     """A :class:`Ledger` whose store settles dependents in the database server, in one
     call (PostgreSQL's PL/pgSQL ``settle_dependents``), with the same outcome as
@@ -185,16 +202,19 @@ class Settlement(Generic[R]):
     calls :meth:`dependents` once.
     """
 
-    __slots__ = ("_ended", "_ended_rows", "_ledger")
+    __slots__ = ("_doomed", "_ended", "_ended_rows", "_ledger")
 
     def __init__(self, ledger: Ledger[R] | ServerSideLedger[R]) -> None:
         self._ledger = ledger
         self._ended: list[tuple[str, TaskStatus]] = []
         self._ended_rows: list[R] = []
+        self._doomed: list[R] = []
 
-    async def transitioned(self, row: R, kind: EventKind) -> list[R]:
+    async def transitioned(self, row: R, kind: EventKind, *, delete: bool = False) -> list[R]:
         """``row``'s task just made a transition whose event is ``kind``: append it and,
-        when the task ended, settle its aliases.
+        when the task ended, settle its aliases. ``delete`` (a finish's
+        :attr:`~taskmill.storage.Finish.delete`): when the task ended COMPLETED or
+        FAILED, it and the aliases settled go once :meth:`dependents` has run.
 
         :returns: the aliases settled, in creation order.
         """
@@ -205,9 +225,15 @@ class Settlement(Generic[R]):
             return []
         self._ended.append(ended)
         self._ended_rows.append(row)
+        doomed = delete and ended[1] in _DELETABLE
+        if doomed:
+            self._doomed.append(row)
         if not ledger.leads_aliases(row):
             return []
-        return await self._aliases(row, ended[1])
+        aliases = await self._aliases(row, ended[1])
+        if doomed:
+            self._doomed += aliases
+        return aliases
 
     async def _aliases(self, leader: R, status: TaskStatus) -> list[R]:
         ledger = self._ledger
@@ -239,6 +265,9 @@ class Settlement(Generic[R]):
         # microseconds per finish batch, a measurable share of a worker's per-task cost.
         server_side = getattr(ledger, "settle_dependents", None)
         if server_side is not None:
+            # Only cancels run a server-side ledger (PostgreSQL's finish is one statement
+            # of its own, deletes included), and a cancel never deletes.
+            assert not self._doomed, "a server-side ledger's store deletes in its own finish"
             ended, self._ended, self._ended_rows = self._ended_rows, [], []
             return await server_side(ended) if ended else []
         ledger = cast(Ledger[R], ledger)
@@ -265,6 +294,10 @@ class Settlement(Generic[R]):
                     changed.append(row)
                     changed += await self._aliases(row, TaskStatus.CANCELLED)
         self._ended_rows = []
+        if self._doomed:
+            doomed, self._doomed = self._doomed, []
+            # Only a store with ``delete_on_finish`` is given deleting finishes.
+            await cast(Forgets[R], ledger).forget(doomed)
         return changed
 
 

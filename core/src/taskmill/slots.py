@@ -22,7 +22,7 @@ from taskmill.context import Context, Spawner
 from taskmill.errors import log_retried_failure
 from taskmill.execution import AttemptRunner, Execution, cancel_soon
 from taskmill.model import AttemptOutcome, Priority, Task
-from taskmill.registry import Handler, HandlerRegistry
+from taskmill.registry import Handler, HandlerRegistry, Retention
 from taskmill.storage import (
     Finish,
     FinishKind,
@@ -58,6 +58,7 @@ class Slots:
         concurrency: int,
         reserved_high_priority_slots: int,
         retry_policy: RetryPolicy,
+        retention: Retention,
         storage: TaskStorage,
         registry: HandlerRegistry,
         plugins: AttemptHooks,
@@ -91,6 +92,7 @@ class Slots:
             storage=storage,
             plugins=plugins,
             retry_policy=retry_policy,
+            retention=retention,
             finished=finished,
             free=self.free,
         )

@@ -106,6 +106,13 @@ class StorageCapabilities:
     handler_registrations: bool = False
     """The backend keeps :class:`HandlerRegistration` records (the ``*_handler_
     registration`` methods work)."""
+    delete_on_finish: bool = True
+    """The store honours :attr:`Finish.delete` (docs/retention.md, "Delete on
+    complete"): a task that a finish ends COMPLETED or FAILED is deleted in the same
+    transaction with its settled aliases and execution logs, its last snapshot kept as a
+    tombstone for as long as the event log keeps its events
+    (:meth:`TaskStorage.deleted_task`). A worker refuses ``delete_completed`` and
+    ``delete_failed`` on a store without it (:class:`~taskmill.errors.ConfigurationError`)."""
     max_value_bytes: int | None = None
     """The largest JSON value (a task's params or result, as UTF-8 JSON text) the store
     keeps in one task, when the store has a ceiling below what memory allows (MongoDB's
@@ -348,6 +355,11 @@ class Finish:
     """The handler's runtime data, when it changed (None: leave as stored)."""
     progress: Progress | None = None
     """The last progress, when it changed (None: leave as stored)."""
+    delete: bool = False
+    """Delete the task if this finish ends it (COMPLETED or FAILED as applied, not a
+    retry, a release or a cancel): the handler's ``delete_completed`` /
+    ``delete_failed`` (docs/retention.md). Its aliases, settled by it, go with it; see
+    :meth:`TaskStorage.finish_batch`."""
 
 
 @attrs.frozen
@@ -540,6 +552,15 @@ class TaskStorage(abc.ABC):
         reaches a terminal status, its aliases take that status, result and error in
         the same transaction.
 
+        A finish with ``delete`` that ends its task (COMPLETED or FAILED) then, in the
+        same transaction and after the task's aliases and dependents are settled,
+        deletes the task, the aliases it settled, and their execution logs (the attempt
+        being finished is not logged). Their events are appended as for any finish;
+        each deleted task's last snapshot is kept as a tombstone for
+        :meth:`read_events` and :meth:`deleted_task` until :meth:`prune_events`
+        removes events of its age. :meth:`get`, :meth:`query`, :meth:`summary` and
+        :meth:`attempts` no longer see it. (Capability ``delete_on_finish``.)
+
         :returns: per finish, in order, the new snapshot, or None when the lease was
             lost (the task was rescued or re-claimed); such finishes change nothing.
         """
@@ -610,6 +631,13 @@ class TaskStorage(abc.ABC):
     @abc.abstractmethod
     async def get(self, task_id: str) -> Task | None:
         """The current snapshot of one task, or None."""
+
+    async def deleted_task(self, task_id: str) -> Task | None:
+        """The last snapshot of a task that a finish with :attr:`Finish.delete`
+        deleted (its tombstone), while the event log keeps events of its age; None for
+        any other id (capability ``delete_on_finish``; a store without it: always
+        None)."""
+        return None
 
     @abc.abstractmethod
     async def query(
@@ -732,7 +760,9 @@ class TaskStorage(abc.ABC):
         stop request, redrive) appends an event in the same transaction as the change,
         so a reader never sees a change without its event. ``after`` None reads nothing
         and returns the current cursor: the point a new subscriber starts from. Events
-        of tasks deleted since are skipped.
+        of a task deleted by its finish (:attr:`Finish.delete`) carry its tombstone,
+        the last snapshot, as ``event.task``; events of tasks deleted otherwise
+        (:meth:`cleanup`) are skipped.
 
         A cursor is an opaque token the store writes, a store can use what it has:
 
@@ -753,7 +783,8 @@ class TaskStorage(abc.ABC):
 
     @abc.abstractmethod
     async def prune_events(self, older_than: timedelta) -> int:
-        """Delete events recorded more than ``older_than`` ago; returns how many."""
+        """Delete events recorded more than ``older_than`` ago, and the tombstones of
+        tasks deleted that long ago (:attr:`Finish.delete`); returns how many events."""
 
     # -- handler registrations (capability ``handler_registrations``) -----------------
 

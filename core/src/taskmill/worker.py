@@ -39,7 +39,7 @@ from taskmill.hosts import ServingHost
 from taskmill.leases import LeaseKeeper
 from taskmill.model import AttemptOutcome, CancelReason
 from taskmill.periodic import Schedule, Scheduler
-from taskmill.registry import Handler
+from taskmill.registry import Handler, Retention
 from taskmill.signals import SignalRouter, exit_after_second_signal
 from taskmill.slots import Slots
 from taskmill.storage import ChangeListener, Finish, FinishKind, StoreChange, utcnow
@@ -148,6 +148,7 @@ class Worker(Generic[HostT]):
             concurrency=concurrency,
             reserved_high_priority_slots=reserved_high_priority_slots,
             retry_policy=self.retry_policy,
+            retention=Retention(options.delete_completed, options.delete_failed),
             storage=host.storage,
             registry=host.registry,
             plugins=host.plugins,
@@ -314,6 +315,7 @@ class Worker(Generic[HostT]):
             scheduler = Scheduler(self._host, interval=self.poll_interval)
             scheduler.check_against_cleanup(self.cleanup_older_than)
         self._check_limits_supported()
+        self._check_deletes_supported()
         self._prepare()
         assert self._stopped is not None
         self._host.attach_worker(self)
@@ -375,6 +377,26 @@ class Worker(Generic[HostT]):
                 f" global_concurrency, but {type(storage).__name__} cannot enforce global"
                 " limits in its claims (docs/backends.md lists each backend's gaps);"
                 " remove those options or use another store"
+            )
+
+    def _check_deletes_supported(self) -> None:
+        """Refuse delete-on-finish options on a store that cannot delete in a finish
+        (they would silently keep every task)."""
+        storage = self._host.storage
+        if storage.capabilities.delete_on_finish:
+            return
+        retention = self._slots.runner.retention
+        deleting = sorted(
+            h.task_type
+            for h in self._host.registry
+            if h.deletes(FinishKind.COMPLETE, retention) or h.deletes(FinishKind.FAIL, retention)
+        )
+        if deleting:
+            raise ConfigurationError(
+                f"tasks of {', '.join(map(repr, deleting))} are to be deleted when they"
+                f" finish (delete_completed or delete_failed), but {type(storage).__name__}"
+                " cannot delete in a finish (docs/backends.md lists each backend's gaps);"
+                " keep them (and run cleanup) or use another store"
             )
 
     async def _claim_loop(self, *, until_idle: bool) -> None:

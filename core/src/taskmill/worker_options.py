@@ -18,6 +18,7 @@ import attrs
 from taskmill.backoff import RetryPolicy
 from taskmill.settable import (
     HOST_APP,
+    boolean,
     duration,
     names,
     optional,
@@ -274,6 +275,30 @@ class WorkerOptions:
     attempt. 0: claim only into free slots. None (auto): about 0.1 s of work at the rate
     the worker starts tasks, at most :data:`~taskmill.claiming.AUTO_PREFETCH_MAX` (1000)
     tasks, and none while that is less than one task per slot (slow handlers)."""
+    delete_completed: bool = attrs.field(
+        default=False,
+        metadata=settable(
+            "delete a task when it completes (no row, no attempt log kept; handlers may "
+            "say otherwise)",
+            boolean(),
+            "BOOL",
+        ),
+    )
+    """Delete each task this worker completes, in the finish's transaction, with its
+    attempt log and the aliases it settles, as graphile-worker does (docs/retention.md,
+    "Delete on complete"); a handler's own ``delete_completed`` overrides it. False:
+    keep every finished task until ``cleanup``."""
+    delete_failed: bool = attrs.field(
+        default=False,
+        metadata=settable(
+            "delete a task when it fails for good (handlers may say otherwise)",
+            boolean(),
+            "BOOL",
+        ),
+    )
+    """Delete each task this worker ends FAILED (its retries spent), as
+    ``delete_completed`` does for COMPLETED; a handler's own ``delete_failed``
+    overrides it. False: keep the dead letters."""
     finish_window: float = attrs.field(
         default=0.002,
         validator=_not_negative_float,
@@ -314,4 +339,6 @@ class WorkerArgs(TypedDict, total=False):
     task_types: Collection[str] | None
     app_ids: Collection[str | None] | None
     prefetch: int | None
+    delete_completed: bool
+    delete_failed: bool
     finish_window: float

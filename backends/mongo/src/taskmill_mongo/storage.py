@@ -102,6 +102,7 @@ class MongoStorage(TaskStorage):
         dependencies=True,
         global_limits=True,
         handler_registrations=True,
+        delete_on_finish=False,
     )
 
     def __init__(self, options: MongoOptions) -> None:

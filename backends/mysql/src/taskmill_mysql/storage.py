@@ -251,7 +251,9 @@ class MySQLStorage(TaskStorage):
 
     async def finish_batch(self, finishes: Sequence[Finish]) -> list[Task | None]:
         """Apply many attempt ends in one transaction, each fenced by (id, RUNNING,
-        worker id, attempt) on the locked row; a lost lease yields None."""
+        worker id, attempt) on the locked row; a lost lease yields None. A finish with
+        ``delete`` that ends its task then moves it and the aliases it settled to
+        ``tombstones`` (with their execution logs deleted) in that transaction."""
         if not finishes:
             return []
         return await self._write(operations.finish, finishes)
@@ -300,6 +302,12 @@ class MySQLStorage(TaskStorage):
     async def get(self, task_id: str) -> Task | None:
         """The current snapshot of one task, or None."""
         return await self._read(operations.get, task_id)
+
+    async def deleted_task(self, task_id: str) -> Task | None:
+        """The tombstone of a task its finish deleted (``Finish.delete``): its last
+        snapshot, kept in ``tombstones`` until :meth:`prune_events` removes events of
+        its age; None otherwise. One lookup by the unique ``tombstones_id`` index."""
+        return await self._read(operations.deleted_task, task_id)
 
     async def query(
         self,
@@ -400,13 +408,15 @@ class MySQLStorage(TaskStorage):
     ) -> tuple[list[TaskEvent], str]:
         """Up to ``limit`` events after cursor ``after`` in commit order, each with its
         task's current snapshot; ``after`` None returns the cursor of the last event
-        committed. Events whose task was deleted are skipped. Cursors are the event seq
+        committed. Events of a task its finish deleted carry its tombstone; events of
+        tasks deleted by :meth:`cleanup` are skipped. Cursors are the event seq
         written by :func:`taskmill.cursors.position_token`; any other ``after`` raises
         :class:`~taskmill.errors.InvalidCursor`."""
         return await self._read(operations.read_events, (after, limit))
 
     async def prune_events(self, older_than: timedelta) -> int:
-        """Delete the events recorded more than ``older_than`` ago; how many."""
+        """Delete the events recorded more than ``older_than`` ago and the tombstones of
+        tasks deleted that long ago, in one transaction; how many events."""
         return await self._write(operations.prune_events, older_than)
 
     # -- handler registrations ---------------------------------------------------------

@@ -115,6 +115,7 @@ class PostgresStorage(TaskStorage):
         transactions_across_records=True,
         commit_ordered_cursors=True,
         handler_registrations=True,
+        delete_on_finish=False,
     )
 
     def __init__(self, parsed: ParsedURL, *, url: str) -> None:

@@ -128,6 +128,9 @@ class MemoryStorage(TaskStorage):
         self._waiting: dict[str, int] = {}
         self._dependents: dict[str, list[tuple[str, bool]]] = {}
         self._buckets: dict[HandlerKey, Bucket] = {}
+        # Tasks deleted by their finish (Finish.delete): the last snapshot and the POSIX
+        # time, kept while the event log keeps events of that age.
+        self._tombstones: dict[str, tuple[Task, float]] = {}
 
     def _emit(self, kind: EventKind, task: Task, at: float) -> None:
         self._event_seq += 1
@@ -371,7 +374,7 @@ class MemoryStorage(TaskStorage):
             chosen = _FINISH_PLANS[kind]
             values = finish_values(finish, kind, now)
             task = self._transition(task, chosen, now_ts, now, values)
-            await settlement.transitioned(task, chosen.transition.event)
+            await settlement.transitioned(task, chosen.transition.event, delete=finish.delete)
             outcome = chosen.transition.outcome or finish.outcome
             self._log_attempt(
                 Attempt(
@@ -487,6 +490,11 @@ class MemoryStorage(TaskStorage):
         return task
 
     # -- reading -------------------------------------------------------------------
+
+    async def deleted_task(self, task_id: str) -> Task | None:
+        self._check_open()
+        gone = self._tombstones.get(task_id)
+        return None if gone is None else gone[0]
 
     async def get(self, task_id: str) -> Task | None:
         self._check_open()
@@ -641,9 +649,13 @@ class MemoryStorage(TaskStorage):
         start = bisect.bisect_right(rows, position, key=lambda row: row[0])
         events: list[TaskEvent] = []
         cursor = after
+        tombstones = self._tombstones
         for seq, kind, task_id, status, at in rows[start : start + max(limit, 0)]:
             cursor = position_token(seq)
             task = self._tasks.get(task_id)
+            if task is None and tombstones:
+                gone = tombstones.get(task_id)
+                task = None if gone is None else gone[0]
             if task is not None:
                 events.append(
                     TaskEvent(
@@ -663,6 +675,8 @@ class MemoryStorage(TaskStorage):
         while keep < len(self._events) and self._events[keep][4] < cutoff:
             keep += 1
         del self._events[:keep]
+        if self._tombstones:
+            self._tombstones = {i: g for i, g in self._tombstones.items() if g[1] >= cutoff}
         return keep
 
     # -- handler registrations -----------------------------------------------------
@@ -710,6 +724,15 @@ class _MemoryLedger:
         self._store._emit(kind, row, self._now)
         if kind is _RELEASED:
             self._store._queue(row, self._now)  # its last dependency ended: claimable
+
+    async def forget(self, rows: Sequence[Task]) -> None:
+        store = self._store
+        for task in rows:
+            del store._tasks[task.id]
+            del store._seq[task.id]
+            store._log.pop(task.id, None)
+            store._children.pop(task.id, None)
+            store._tombstones[task.id] = (task, self._now)
 
     async def settle_aliases(self, leader: Task) -> list[Task]:
         store = self._store

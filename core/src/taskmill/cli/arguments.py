@@ -65,6 +65,8 @@ def add_setting(cmd: argparse.ArgumentParser, name: str) -> None:
         "default": None,
         "action": "extend" if form.many else "store",
     }
+    if form.switch:
+        kind.update(nargs="?", const=True)
     cmd.add_argument(
         flag, metavar=metavar, help=f"{declared.help}{shown}{many}; also {ENV_VARS[name]}", **kind
     )

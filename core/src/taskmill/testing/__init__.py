@@ -22,7 +22,8 @@ It then runs every test of every topic module: :mod:`~taskmill.testing.tasks`,
 :mod:`~taskmill.testing.dependencies`,
 :mod:`~taskmill.testing.control`, :mod:`~taskmill.testing.events`,
 :mod:`~taskmill.testing.migrations`, :mod:`~taskmill.testing.concurrency`,
-:mod:`~taskmill.testing.reference`, :mod:`~taskmill.testing.registrations` and
+:mod:`~taskmill.testing.reference`, :mod:`~taskmill.testing.registrations`,
+:mod:`~taskmill.testing.retention` (delete on finish) and
 :mod:`~taskmill.testing.edges` (unusual input through a ``Taskmill`` on the store: the
 ``edge_taskmill`` fixture, which a backend whose store cannot be rebuilt from its
 ``url`` overrides).
@@ -85,6 +86,7 @@ from taskmill.testing.limits import LimitContract
 from taskmill.testing.migrations import MigrationContract, Place, SchemaMigrations
 from taskmill.testing.reference import ReferenceContract
 from taskmill.testing.registrations import HandlerRegistrationContract
+from taskmill.testing.retention import RetentionContract
 from taskmill.testing.task_ids import TaskIdContract
 from taskmill.testing.tasks import TaskContract
 
@@ -132,6 +134,7 @@ class StorageContract(
     LifecycleContract,
     LimitContract,
     EdgeContract,
+    RetentionContract,
 ):
     """The semantics every :class:`~taskmill.TaskStorage` must have: every topic's tests.
 

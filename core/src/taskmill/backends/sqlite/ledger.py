@@ -8,6 +8,7 @@ operations run the engine with :func:`taskmill.migrations.run_sync`.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Sequence
 from typing import Any, Final, TypeVar
@@ -71,13 +72,27 @@ class SQLiteLedger:
     transaction at ``now`` (integer microseconds); the events it is given accumulate in
     :attr:`events` for the operation to write with :func:`insert_events`."""
 
-    __slots__ = ("_conn", "_now", "_seqs", "events")
+    __slots__ = ("_conn", "_now", "_seqs", "events", "forgotten")
 
     def __init__(self, conn: sqlite3.Connection, now: int, events: list[Row] | None = None) -> None:
         self._conn = conn
         self._now = now
         self._seqs: dict[str, int] = {}
         self.events: list[Row] = [] if events is None else events
+        self.forgotten: set[int] = set()
+        """The seqs of the tasks :meth:`forget` deleted (their attempts are not logged)."""
+
+    async def forget(self, rows: Sequence[Row]) -> None:
+        conn, now = self._conn, self._now
+        seqs = [row[SEQ] for row in rows]
+        self.forgotten.update(seqs)
+        for chunk in chunks(seqs):
+            marks = sql.marks(len(chunk))
+            conn.execute(f"DELETE FROM attempts WHERE task_seq IN ({marks})", chunk)
+            conn.execute(f"DELETE FROM tasks WHERE seq IN ({marks})", chunk)
+        conn.executemany(
+            sql.INSERT_TOMBSTONE, [(row[ID], now, json.dumps(list(row))) for row in rows]
+        )
 
     def identify(self, row: Row) -> tuple[str, TaskStatus]:
         return row[ID], STATUS[row[STATUS_COL]]

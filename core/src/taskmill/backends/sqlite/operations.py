@@ -13,6 +13,7 @@ SQLiteLedger`.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -75,7 +76,7 @@ from taskmill.serialization import dumps
 from taskmill.settlement import Settlement
 from taskmill.settlement import cancel as settlement_cancel
 from taskmill.sql.filters import page_sql
-from taskmill.sql.rows import REASON, STATUS, events_of_rows
+from taskmill.sql.rows import EVENT_COLUMN_NAMES, REASON, STATUS, events_of_rows
 from taskmill.storage import (
     LEASED_STATUS,
     ClaimRequest,
@@ -384,8 +385,8 @@ async def _finish(
             if index not in applied:
                 continue
             row, outcome, kind_event = applied[index]
-            await settlement.transitioned(row, kind_event)
             finish = finishes[index]
+            await settlement.transitioned(row, kind_event, delete=finish.delete)
             lease = finish.lease
             log.append(
                 (
@@ -397,8 +398,12 @@ async def _finish(
             results[index] = result_of(row)
     if settlement.pending:
         await settlement.dependents()
+    if ledger.forgotten:  # deleted with their logs: their last attempts are not written
+        gone = ledger.forgotten
+        log = [entry for entry in log if entry[0] not in gone]
     if log:
         conn.executemany(sql.INSERT_ATTEMPT, log)
+    if ledger.events:
         insert_events(conn, ledger.events)
 
 
@@ -661,8 +666,15 @@ def read_events(
     rows = conn.execute(sql.READ_EVENTS, (position, limit)).fetchall()
     if not rows:
         return [], after
+    start = len(EVENT_COLUMN_NAMES)
+    rows = [row[:-1] if row[-1] is None else (*row[:start], *json.loads(row[-1])) for row in rows]
     events = events_of_rows(rows, task=task, timestamp=as_datetime)
     return events, position_token(int(rows[-1][0]))
+
+
+def deleted_task(conn: sqlite3.Connection, task_id: str) -> Task | None:
+    found = conn.execute(sql.TOMBSTONE, (task_id,)).fetchone()
+    return None if found is None else task(tuple(json.loads(found[0])))
 
 
 def prune_events(conn: sqlite3.Connection, older_than: timedelta) -> int:
@@ -671,6 +683,7 @@ def prune_events(conn: sqlite3.Connection, older_than: timedelta) -> int:
     # clock steps back): the events to delete are the prefix of the log before the first
     # young one, found by walking exactly that prefix. After a clock step back this
     # keeps some old events until a later prune; it never deletes a young one.
+    conn.execute(sql.PRUNE_TOMBSTONES, (cutoff,))
     first_young = conn.execute(sql.FIRST_YOUNG_EVENT, (cutoff,)).fetchone()
     if first_young is None:
         return conn.execute("DELETE FROM events WHERE at < ?", (cutoff,)).rowcount

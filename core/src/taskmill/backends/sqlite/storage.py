@@ -180,6 +180,10 @@ class SQLiteStorage(SQLiteDatabase, TaskStorage):
         """The current snapshot of one task, or None."""
         return await self._run(self._read, operations.get, task_id)
 
+    async def deleted_task(self, task_id: str) -> Task | None:
+        """The tombstone of a task its finish deleted, from one primary-key lookup."""
+        return await self._run(self._read, operations.deleted_task, task_id)
+
     async def query(
         self,
         filter: TaskFilter,
@@ -286,14 +290,16 @@ class SQLiteStorage(SQLiteDatabase, TaskStorage):
     ) -> tuple[list[TaskEvent], str]:
         """Up to ``limit`` events after cursor ``after`` in seq (commit) order, each
         with its task's current snapshot, from one ``SELECT``; ``after`` None returns the
-        cursor of the last event committed. Events whose task was deleted are skipped,
-        and the returned cursor moves past them too. Cursors are the seq written by
+        cursor of the last event committed. Events of a task a deleting finish removed
+        carry its tombstone; those of tasks deleted by cleanup are skipped, and the
+        returned cursor moves past them too. Cursors are the seq written by
         :func:`taskmill.cursors.position_token`; any other ``after`` raises
         :class:`~taskmill.errors.InvalidCursor`."""
         return await self._run(self._read, operations.read_events, (after, limit))
 
     async def prune_events(self, older_than: timedelta) -> int:
-        """Delete the events recorded more than ``older_than`` ago; how many."""
+        """Delete the events recorded more than ``older_than`` ago, and the tombstones
+        as old; how many events."""
         return await self._run(self._write, operations.prune_events, older_than)
 
     # -- handler registrations (registrations.py) -------------------------------------
