@@ -133,7 +133,7 @@ async def test_the_control_tables_and_indexes_exist(tmp_path: Path):
     path = tmp_path / "t.db"
     await make_store(path, 0)
     names = {row[1] for row in schema_of(path)}
-    assert {"suspensions", "suspensions_scope", "events", "tombstones", "tombstones_age"} <= names
+    assert {"suspensions", "suspensions_scope", "events", "tombstones", "tombstones_id"} <= names
     assert {"handler_registrations", "handler_registrations_key"} <= names
     assert {"task_dependencies", "task_dependencies_dependent"} <= names
     assert "rate_buckets" in names

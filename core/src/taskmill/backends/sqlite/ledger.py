@@ -8,7 +8,6 @@ operations run the engine with :func:`taskmill.migrations.run_sync`.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Sequence
 from typing import Any, Final, TypeVar
@@ -83,16 +82,14 @@ class SQLiteLedger:
         """The seqs of the tasks :meth:`forget` deleted (their attempts are not logged)."""
 
     async def forget(self, rows: Sequence[Row]) -> None:
-        conn, now = self._conn, self._now
+        conn = self._conn
         seqs = [row[SEQ] for row in rows]
         self.forgotten.update(seqs)
         for chunk in chunks(seqs):
             marks = sql.marks(len(chunk))
+            conn.execute(sql.tombstones_sql(len(chunk)), [self._now, *chunk])
             conn.execute(f"DELETE FROM attempts WHERE task_seq IN ({marks})", chunk)
             conn.execute(f"DELETE FROM tasks WHERE seq IN ({marks})", chunk)
-        conn.executemany(
-            sql.INSERT_TOMBSTONE, [(row[ID], now, json.dumps(list(row))) for row in rows]
-        )
 
     def identify(self, row: Row) -> tuple[str, TaskStatus]:
         return row[ID], STATUS[row[STATUS_COL]]

@@ -13,7 +13,6 @@ SQLiteLedger`.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -76,7 +75,13 @@ from taskmill.serialization import dumps
 from taskmill.settlement import Settlement
 from taskmill.settlement import cancel as settlement_cancel
 from taskmill.sql.filters import page_sql
-from taskmill.sql.rows import EVENT_COLUMN_NAMES, REASON, STATUS, events_of_rows
+from taskmill.sql.rows import (
+    EVENT_COLUMN_NAMES,
+    REASON,
+    STATUS,
+    TASK_COLUMN_NAMES,
+    events_of_rows,
+)
 from taskmill.storage import (
     LEASED_STATUS,
     ClaimRequest,
@@ -666,15 +671,25 @@ def read_events(
     rows = conn.execute(sql.READ_EVENTS, (position, limit)).fetchall()
     if not rows:
         return [], after
-    start = len(EVENT_COLUMN_NAMES)
-    rows = [row[:-1] if row[-1] is None else (*row[:start], *json.loads(row[-1])) for row in rows]
-    events = events_of_rows(rows, task=task, timestamp=as_datetime)
+    events = events_of_rows([_live_or_tombstone(r) for r in rows], task=task, timestamp=as_datetime)
     return events, position_token(int(rows[-1][0]))
+
+
+_EVENT_WIDTH: Final = len(EVENT_COLUMN_NAMES)
+_TOMBSTONE_AT: Final = _EVENT_WIDTH + len(TASK_COLUMN_NAMES)
+
+
+def _live_or_tombstone(row: Row) -> Row:
+    """A :data:`statements.READ_EVENTS` row as :func:`events_of_rows` reads it: the event
+    columns, then the task's, or its tombstone's when the task is gone."""
+    if row[_EVENT_WIDTH + ID] is not None or row[_TOMBSTONE_AT + ID] is None:
+        return row[:_TOMBSTONE_AT]
+    return row[:_EVENT_WIDTH] + row[_TOMBSTONE_AT:]
 
 
 def deleted_task(conn: sqlite3.Connection, task_id: str) -> Task | None:
     found = conn.execute(sql.TOMBSTONE, (task_id,)).fetchone()
-    return None if found is None else task(tuple(json.loads(found[0])))
+    return None if found is None else task(found)
 
 
 def prune_events(conn: sqlite3.Connection, older_than: timedelta) -> int:
@@ -683,7 +698,12 @@ def prune_events(conn: sqlite3.Connection, older_than: timedelta) -> int:
     # clock steps back): the events to delete are the prefix of the log before the first
     # young one, found by walking exactly that prefix. After a clock step back this
     # keeps some old events until a later prune; it never deletes a young one.
-    conn.execute(sql.PRUNE_TOMBSTONES, (cutoff,))
+    # The tombstones as old, a prefix by n in the same way.
+    young = conn.execute(sql.FIRST_YOUNG_TOMBSTONE, (cutoff,)).fetchone()
+    if young is None:
+        conn.execute("DELETE FROM tombstones WHERE deleted_at < ?", (cutoff,))
+    else:
+        conn.execute("DELETE FROM tombstones WHERE n < ?", (young[0],))
     first_young = conn.execute(sql.FIRST_YOUNG_EVENT, (cutoff,)).fetchone()
     if first_young is None:
         return conn.execute("DELETE FROM events WHERE at < ?", (cutoff,)).rowcount

@@ -352,17 +352,26 @@ LAST_TASK_SEQ: Final = "SELECT ifnull(max(seq), 0) FROM tasks"
 EVENTS_CURSOR: Final = "SELECT seq FROM sqlite_sequence WHERE name = 'events'"
 READ_EVENTS: Final = (
     f"SELECT e.seq, e.kind, e.status, e.at, {', '.join(f't.{c}' for c in TASK_COLUMN_NAMES)}, "
-    "g.task FROM events AS e LEFT JOIN tasks AS t ON t.seq = e.task_seq AND t.id = e.task_id "
+    f"{', '.join(f'g.{c}' for c in TASK_COLUMN_NAMES)} "
+    "FROM events AS e LEFT JOIN tasks AS t ON t.seq = e.task_seq AND t.id = e.task_id "
     "LEFT JOIN tombstones AS g ON t.id IS NULL AND g.id = e.task_id "
     "WHERE e.seq > ? ORDER BY e.seq LIMIT ?"
 )
-"""The events after a seq, each with its task's columns, or with its tombstone (the
-last column: the columns as a JSON array) when a deleting finish removed the task."""
-INSERT_TOMBSTONE: Final = (
-    "INSERT OR REPLACE INTO tombstones (id, deleted_at, task) VALUES (?, ?, ?)"
-)
-TOMBSTONE: Final = "SELECT task FROM tombstones WHERE id = ?"
-PRUNE_TOMBSTONES: Final = "DELETE FROM tombstones WHERE deleted_at < ?"
+"""The events after a seq, each with its task's columns, then its tombstone's (when a
+deleting finish removed the task; else NULLs)."""
+
+
+def tombstones_sql(rows: int) -> str:
+    """Copy the rows of ``rows`` tasks, by seq, into ``tombstones`` (parameters: the
+    deletion time, then the seqs)."""
+    return (
+        f"INSERT INTO tombstones (deleted_at, {TASK_COLUMNS}) SELECT ?, {TASK_COLUMNS} "
+        f"FROM tasks WHERE seq IN ({marks(rows)}) ORDER BY seq"
+    )
+
+
+TOMBSTONE: Final = f"SELECT {TASK_COLUMNS} FROM tombstones WHERE id = ?"
+FIRST_YOUNG_TOMBSTONE: Final = "SELECT n FROM tombstones WHERE deleted_at >= ? ORDER BY n LIMIT 1"
 FIRST_YOUNG_EVENT: Final = "SELECT seq FROM events WHERE at >= ? ORDER BY seq LIMIT 1"
 
 SUSPENSIONS: Final = "SELECT task_type, app_id FROM suspensions"
