@@ -366,7 +366,7 @@ def tombstones_sql(rows: int) -> str:
     deletion time, then the seqs)."""
     return (
         f"INSERT INTO tombstones (deleted_at, {TASK_COLUMNS}) SELECT ?, {TASK_COLUMNS} "
-        f"FROM tasks WHERE seq IN ({marks(rows)}) ORDER BY seq"
+        f"FROM tasks WHERE seq IN ({marks(rows)})"
     )
 
 
