@@ -47,7 +47,7 @@ from taskmill.model import (
 from taskmill.operations import AppTasks
 from taskmill.plugins import PluginInfo
 from taskmill.proxy import ProxyHandler, SubprocessHandler
-from taskmill.registry import Handler, HandlerRegistrar, HandlerRegistry
+from taskmill.registry import BatchOptions, Handler, HandlerRegistrar, HandlerRegistry
 from taskmill.storage import TaskStorage
 from taskmill.worker import Worker
 from taskmill.worker_host import WorkerHost
@@ -58,6 +58,7 @@ __all__ = [
     "Attempt",
     "AttemptOutcome",
     "BackendNotInstalled",
+    "BatchOptions",
     "CancelReason",
     "Cancelled",
     "ConfigurationError",

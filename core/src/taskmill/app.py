@@ -34,7 +34,14 @@ from taskmill.periodic import (
     Schedules,
 )
 from taskmill.plugins import DISABLE_ENV, ENABLE_ENV, PluginInfo, Plugins
-from taskmill.registry import Handler, HandlerFunc, HandlerRegistry, Retention
+from taskmill.registry import (
+    BatchHandlerFunc,
+    BatchOptions,
+    Handler,
+    HandlerFunc,
+    HandlerRegistry,
+    Retention,
+)
 from taskmill.serialization import dumps, encode_params
 from taskmill.storage import Finish, FinishKind, Lease, NewTask, TaskStorage, utcnow
 from taskmill.validation import (
@@ -56,7 +63,7 @@ from taskmill.validation import (
 from taskmill.worker import Worker
 from taskmill.worker_options import WorkerArgs, WorkerOptions
 
-F = TypeVar("F", bound=HandlerFunc)
+F = TypeVar("F", bound=HandlerFunc | BatchHandlerFunc)
 
 DEFAULT_MAX_RETRIES = 3
 DEFAULT_MAX_PARAMS_BYTES = 1024 * 1024
@@ -297,6 +304,7 @@ class Taskmill(TaskOperations):
         global_concurrency: int | None = None,
         delete_completed: bool | None = None,
         delete_failed: bool | None = None,
+        batch: BatchOptions | None = None,
     ) -> Callable[[F], F]:
         """Decorator: register the function as the handler of ``task_type``.
 
@@ -312,6 +320,10 @@ class Taskmill(TaskOperations):
         ``delete_completed`` deletes each task when it completes, with its attempt log,
         in the finish's transaction (``delete_failed`` the same when it fails for good);
         None follows the worker's option of the same name. See docs/retention.md.
+
+        ``batch`` (:class:`~taskmill.registry.BatchOptions`) makes it a batch handler:
+        it takes one argument, the list of the contexts of up to ``max_size`` tasks,
+        and returns one outcome per task; see docs/batches.md.
         """
 
         def decorate(func: F) -> F:
@@ -326,6 +338,7 @@ class Taskmill(TaskOperations):
                 global_concurrency=global_concurrency,
                 delete_completed=delete_completed,
                 delete_failed=delete_failed,
+                batch=batch,
             )
             return func
 
@@ -334,7 +347,7 @@ class Taskmill(TaskOperations):
     def register(
         self,
         task_type: str,
-        handler: HandlerFunc,
+        handler: HandlerFunc | BatchHandlerFunc,
         *,
         app_id: str | None = None,
         max_retries: int | None = None,
@@ -344,6 +357,7 @@ class Taskmill(TaskOperations):
         global_concurrency: int | None = None,
         delete_completed: bool | None = None,
         delete_failed: bool | None = None,
+        batch: BatchOptions | None = None,
     ) -> Handler:
         """Register ``handler`` for ``(app_id, task_type)``; see :meth:`handler`.
 
@@ -361,6 +375,7 @@ class Taskmill(TaskOperations):
             global_concurrency=global_concurrency,
             delete_completed=delete_completed,
             delete_failed=delete_failed,
+            batch=batch,
         )
 
     # -- periodic tasks ------------------------------------------------------------------

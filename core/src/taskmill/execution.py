@@ -10,26 +10,26 @@ owner (:class:`~taskmill.Detached`) are decided here.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import functools
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import attrs
 
 from taskmill import tracebacks
 from taskmill.attempt_hooks import AttemptHooks
 from taskmill.backoff import RetryPolicy
+from taskmill.batching import Batcher
 from taskmill.context import Context
 from taskmill.errors import Cancelled, Detached, Fail, Retry, TaskmillError
-from taskmill.handler_threads import THREADS as HANDLER_THREADS
+from taskmill.handler_threads import run_in_thread
 from taskmill.hosts import HandlerControl
 from taskmill.lifecycle import FINISHES, decide_retry, finish_kind
 from taskmill.model import AttemptOutcome, CancelReason, Task
-from taskmill.registry import Handler, Retention
+from taskmill.registry import Handler, HandlerFunc, Retention
 from taskmill.serialization import dumps
 from taskmill.storage import Finish, FinishKind, HandlerKey, Lease, TaskStorage, utcnow
 from taskmill.validation import is_text
@@ -65,31 +65,6 @@ def cancel_soon(future: asyncio.Future[None]) -> None:
     """Cancel a running async handler (from any thread)."""
     if not future.done():
         future.get_loop().call_soon_threadsafe(future.cancel)
-
-
-def run_in_thread(loop: asyncio.AbstractEventLoop, call: Callable[[], Any]) -> asyncio.Future[Any]:
-    """Run a sync handler on a handler thread (reused, never bounded: see
-    :mod:`taskmill.handler_threads`), without blocking the loop."""
-    future: asyncio.Future[Any] = loop.create_future()
-
-    def settle(result: Any, error: BaseException | None) -> None:
-        if future.done():
-            return
-        if error is None:
-            future.set_result(result)
-        else:
-            future.set_exception(error)
-
-    def target() -> None:
-        try:
-            result, error = call(), None
-        except BaseException as exc:  # handed to the awaiting coroutine
-            result, error = None, exc
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-            loop.call_soon_threadsafe(settle, result, error)
-
-    HANDLER_THREADS.submit(target)
-    return future
 
 
 def log_failed_attempt(
@@ -135,6 +110,7 @@ class AttemptRunner:
         plugins: AttemptHooks,
         retry_policy: RetryPolicy,
         retention: Retention,
+        batcher: Batcher,
         finished: Callable[[Finish, Task | None], None],
         free: Callable[[Execution], None],
     ) -> None:
@@ -144,6 +120,8 @@ class AttemptRunner:
         self._retry_policy = retry_policy
         self.retention = retention
         """The worker's defaults for what a finish deletes."""
+        self.batcher = batcher
+        """Where the attempts of batch handlers wait for their batch's call."""
         self._finished = finished
         self._free = free
         self.detached = 0
@@ -255,8 +233,11 @@ class AttemptRunner:
 
     async def _call_handler(self, execution: Execution) -> Any:
         handler, ctx, params = execution.handler, execution.ctx, execution.task.params
+        if handler.batch is not None:
+            return await self.batcher.run(handler, ctx)
+        func = cast(HandlerFunc, handler.func)
         if handler.is_async:
-            coroutine = handler.func(ctx, params)
+            coroutine = func(ctx, params)
             assert asyncio.iscoroutine(coroutine) or isinstance(coroutine, Awaitable)
             if handler.timeout is None:
                 return await coroutine
@@ -265,7 +246,7 @@ class AttemptRunner:
         loop = asyncio.get_running_loop()
         # Copied here, on the loop: the thread sees the context variables set around
         # the call (by a plugin's handler context, say); a new thread has none.
-        call = functools.partial(contextvars.copy_context().run, handler.func, ctx, params)
+        call = functools.partial(contextvars.copy_context().run, func, ctx, params)
         future = run_in_thread(loop, call)
         if handler.timeout is None:
             return await future

@@ -18,9 +18,12 @@ process open at exit.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import queue
 import threading
 from collections.abc import Callable
+from typing import Any
 
 IDLE_SECONDS = 30.0
 """How long a thread waits for another call before it ends."""
@@ -74,3 +77,28 @@ class HandlerThreads:
 
 THREADS = HandlerThreads()
 """The process's handler threads, shared by its workers."""
+
+
+def run_in_thread(loop: asyncio.AbstractEventLoop, call: Callable[[], Any]) -> asyncio.Future[Any]:
+    """Run a sync handler on a handler thread (reused, never bounded: see
+    :mod:`taskmill.handler_threads`), without blocking the loop."""
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+    def target() -> None:
+        try:
+            result, error = call(), None
+        except BaseException as exc:  # handed to the awaiting coroutine
+            result, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(settle, result, error)
+
+    THREADS.submit(target)
+    return future

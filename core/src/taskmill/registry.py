@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeAlias
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import attrs
 
@@ -27,6 +27,41 @@ if TYPE_CHECKING:
 AsyncHandlerFunc: TypeAlias = Callable[["Context", dict[str, Any]], Awaitable[JSON]]
 SyncHandlerFunc: TypeAlias = Callable[["Context", dict[str, Any]], JSON]
 HandlerFunc: TypeAlias = AsyncHandlerFunc | SyncHandlerFunc
+BatchHandlerFunc: TypeAlias = Callable[[list["Context"]], Awaitable[Sequence[Any]] | Sequence[Any]]
+"""A batch handler: takes the contexts of a batch of tasks, returns one outcome per
+task in the same order (a JSON value, or an exception for that task alone)."""
+
+BATCH_MAX_SIZE: Final = 10_000
+"""The largest ``BatchOptions.max_size``."""
+
+
+def _batch_size(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= BATCH_MAX_SIZE:
+        raise ValueError(
+            f"max_size must be a whole number from 1 to {BATCH_MAX_SIZE}, got {value!r}"
+        )
+
+
+def _batch_wait(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 3600:
+        raise ValueError(f"max_wait must be seconds from 0 to 3600, got {value!r}")
+
+
+@attrs.frozen
+class BatchOptions:
+    """How a batch handler's tasks are gathered (docs/batches.md): a batch is called
+    once ``max_size`` of its tasks wait in one worker, or ``max_wait`` seconds after the
+    first of them started waiting, whichever comes first.
+
+    :raises ValueError: ``max_size`` is not 1 to 10,000, or ``max_wait`` not 0 to 3,600
+        seconds.
+    """
+
+    max_size: int = attrs.field(default=100, validator=_batch_size)
+    """The most tasks in one call (also bounded by the worker's slots: a waiting task
+    holds one)."""
+    max_wait: float = attrs.field(default=0.05, validator=_batch_wait)
+    """Seconds the first task of a batch waits for others to join it."""
 
 
 @attrs.frozen
@@ -43,7 +78,7 @@ class Handler:
     """A registered handler and its options."""
 
     task_type: str
-    func: HandlerFunc
+    func: HandlerFunc | BatchHandlerFunc
     app_id: str | None = None
     max_retries: int | None = None
     """Retries after the first attempt for tasks enqueued while this is registered."""
@@ -59,6 +94,8 @@ class Handler:
     """Delete its tasks when they complete (None: the worker's ``delete_completed``)."""
     delete_failed: bool | None = None
     """Delete its tasks when they fail for good (None: the worker's ``delete_failed``)."""
+    batch: BatchOptions | None = None
+    """A batch handler: ``func`` takes a list of contexts (docs/batches.md)."""
     source: str = "application"
     """Who registered it (the application, or a plugin's name): named in conflicts."""
     is_async: bool = attrs.field(init=False)
@@ -116,12 +153,14 @@ def _check_switch(name: str, value: bool | None) -> bool | None:
     return value
 
 
-def _check_signature(task_type: str, handler: object) -> None:
-    """Refuse a handler that cannot be called as ``handler(ctx, params)``: found at
-    registration, not as a TypeError in every attempt."""
+def _check_signature(task_type: str, handler: object, *, batch: bool = False) -> None:
+    """Refuse a handler that cannot be called as ``handler(ctx, params)`` (a batch
+    handler: ``handler(batch)``): found at registration, not as a TypeError in every
+    attempt."""
+    takes = "(batch), a list of contexts" if batch else "(ctx, params)"
     if not callable(handler):
         raise InvalidHandler(
-            f"the handler for {task_type!r} must be a function taking (ctx, params), "
+            f"the handler for {task_type!r} must be a function taking {takes}, "
             f"got {type(handler).__name__} {handler!r}"
         )
     try:
@@ -129,13 +168,21 @@ def _check_signature(task_type: str, handler: object) -> None:
     except (TypeError, ValueError):  # a builtin or C callable without a signature
         return
     try:
-        signature.bind(None, {})
+        if batch:
+            signature.bind([])
+        else:
+            signature.bind(None, {})
     except TypeError:
         name = getattr(handler, "__name__", None) or type(handler).__name__
+        declare = (
+            f"`async def {name}(batch: list[Context]) -> list[Any]`"
+            if batch
+            else f"`async def {name}(ctx: Context, params: dict)` (or a plain def)"
+        )
+        count = "one argument" if batch else "two arguments"
         raise InvalidHandler(
-            f"the handler for {task_type!r} must take two arguments, (ctx, params), "
-            f"but {name} is declared as {name}{_plain(signature)}; declare it as "
-            f"`async def {name}(ctx: Context, params: dict)` (or a plain def)"
+            f"the handler for {task_type!r} must take {count}, {takes}, "
+            f"but {name} is declared as {name}{_plain(signature)}; declare it as {declare}"
         ) from None
 
 
@@ -157,7 +204,7 @@ class HandlerRegistry:
     def register(
         self,
         task_type: str,
-        handler: HandlerFunc,
+        handler: HandlerFunc | BatchHandlerFunc,
         *,
         app_id: str | None = None,
         max_retries: int | None = None,
@@ -167,6 +214,7 @@ class HandlerRegistry:
         global_concurrency: int | None = None,
         delete_completed: bool | None = None,
         delete_failed: bool | None = None,
+        batch: BatchOptions | None = None,
         source: str = "application",
     ) -> Handler:
         """Register ``handler`` for ``(app_id, task_type)`` and return its record.
@@ -181,7 +229,9 @@ class HandlerRegistry:
             check_key("app_id", app_id, APP_ID_MAX)
         rate = None if rate_limit is None else parse_rate(rate_limit)
         max_running = check_max_running(global_concurrency)
-        _check_signature(task_type, handler)
+        if batch is not None and not isinstance(batch, BatchOptions):
+            raise ValueError(f"batch must be a BatchOptions or None, got {batch!r}")
+        _check_signature(task_type, handler, batch=batch is not None)
         record = Handler(
             task_type=task_type,
             func=handler,
@@ -193,6 +243,7 @@ class HandlerRegistry:
             global_concurrency=max_running,
             delete_completed=_check_switch("delete_completed", delete_completed),
             delete_failed=_check_switch("delete_failed", delete_failed),
+            batch=batch,
             source=source,
         )
         existing = self._handlers.get(record.key)
@@ -246,7 +297,7 @@ class HandlerRegistrar:
     def register(
         self,
         task_type: str,
-        handler: HandlerFunc,
+        handler: HandlerFunc | BatchHandlerFunc,
         *,
         app_id: str | None = None,
         max_retries: int | None = None,
@@ -256,6 +307,7 @@ class HandlerRegistrar:
         global_concurrency: int | None = None,
         delete_completed: bool | None = None,
         delete_failed: bool | None = None,
+        batch: BatchOptions | None = None,
     ) -> Handler:
         """Register ``handler`` for ``(app_id, task_type)``, with the options of
         ``Taskmill.handler``.
@@ -275,6 +327,7 @@ class HandlerRegistrar:
             global_concurrency=global_concurrency,
             delete_completed=delete_completed,
             delete_failed=delete_failed,
+            batch=batch,
             source=self.source,
         )
         self.handlers.append(record)

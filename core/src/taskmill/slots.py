@@ -18,6 +18,7 @@ from datetime import datetime
 
 from taskmill.attempt_hooks import AttemptHooks
 from taskmill.backoff import RetryPolicy
+from taskmill.batching import Batcher
 from taskmill.context import Context, Spawner
 from taskmill.errors import log_retried_failure
 from taskmill.execution import AttemptRunner, Execution, cancel_soon
@@ -93,6 +94,7 @@ class Slots:
             plugins=plugins,
             retry_policy=retry_policy,
             retention=retention,
+            batcher=Batcher(self._general),
             finished=finished,
             free=self.free,
         )
