@@ -21,7 +21,7 @@ Afterwards (:func:`check`):
 
     uv run python bench/chaos.py --url sqlite:///chaos.db --tasks 5000
 
-writes ``bench/results/chaos-<UTC time>-<backend>.json``. ``tests/reliability/
+records both rounds in ``bench/results/chaos.jsonl``. ``tests/reliability/
 test_chaos.py`` runs a reduced version in CI through :func:`run_round`.
 """
 
@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import signal
 import socket
@@ -40,11 +39,11 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import attrs
+from harness import Recorder, load_1min, now_iso, redact
 from taskmill import Taskmill, TaskStatus
 from taskmill.model import AttemptOutcome, Task
 
@@ -427,10 +426,6 @@ async def check(tm: Taskmill, result: RoundResult, log: Path, killed: set[int]) 
             problems.append(f"task {task.id}: completed without its handler completing")
 
 
-def _load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run a clean round and a chaos round on ``--url`` and record both."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -475,8 +470,10 @@ def main(argv: list[str] | None = None) -> int:
         help="the URL of each round, with {url} and {round} (default: --url; SQLite "
         "files and PostgreSQL schemas are best given per round)",
     )
+    parser.add_argument("--no-record", action="store_true", help="print only")
     args = parser.parse_args(argv)
     restart = restart_command(args.url)
+    recorder = Recorder("chaos", enabled=not args.no_record)
     rounds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="taskmill-chaos-") as tmp:
         for number, chaos in enumerate([False, True]):
@@ -497,32 +494,31 @@ def main(argv: list[str] | None = None) -> int:
                 deadline=3600,
                 expected_rate=args.expected_rate,
             )
-            load_before = _load()
+            load, date = load_1min(), now_iso()
             result = asyncio.run(run_round(config, Path(tmp)))
             entry = result.as_json()
-            entry["load_before"] = load_before
-            entry["load_after"] = _load()
+            if chaos and rounds and rounds[0]["tasks_per_second"]:
+                entry["chaos_vs_clean"] = round(
+                    entry["tasks_per_second"] / rounds[0]["tasks_per_second"], 3
+                )
+            entry["load_after"] = load_1min()
             rounds.append(entry)
             print(json.dumps(entry, indent=1), flush=True)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    record = {
-        "bench": "chaos",
-        "when": stamp,
-        "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-        },
-        "backend": backend_of(args.url),
-        "server_restarts_exercised": bool(restart),
-        "rounds": rounds,
-        "chaos_vs_clean": round(rounds[1]["tasks_per_second"] / rounds[0]["tasks_per_second"], 3)
-        if rounds[0]["tasks_per_second"]
-        else None,
-    }
-    out = HERE / "results" / f"chaos-{stamp}-{backend_of(args.url)}.json"
-    out.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"recorded in {out}")
+            params = {
+                "backend": backend_of(args.url),
+                "url": redact(url),
+                "server_restarts_exercised": bool(restart),
+                **{k: v for k, v in vars(args).items() if k not in ("url", "no_record")},
+            }
+            recorder.record(
+                "chaos" if chaos else "clean",
+                entry,
+                params=params,
+                round=number,
+                load=load,
+                date=date,
+            )
+    recorder.done()
     return 1 if any(r["problems"] for r in rounds) else 0
 
 

@@ -20,7 +20,7 @@ session reads the task list:
     uv run python bench/dashboard.py --url postgresql://taskmill:taskmill@127.0.0.1/taskmill
 
 A PostgreSQL URL gets a schema of its own, dropped afterwards. Results are printed and
-recorded in bench/results/ with the machine's details.
+recorded in ``bench/results/dashboard.jsonl``.
 """
 
 from __future__ import annotations
@@ -33,8 +33,6 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +40,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from http_service import machine  # bench/ is the script's directory: on sys.path
+from harness import RESULTS_DIR, PostgresSchemas, Recorder, load_1min, now_iso
 from taskmill import TaskFilter, Taskmill
 from taskmill_http import create_app
 from taskmill_http.events import EXTERNAL_JOB_UPDATE
@@ -52,7 +50,6 @@ from taskmill_http.service import Service
 from tests.browser_support import chromium, sign_in
 from tests.http_support import serve, wait_for
 
-RESULTS = Path(__file__).with_name("results")
 TOKENS = {"bench-admin": "*"}
 TYPES = ("resize", "encode", "index", "notify")
 
@@ -254,16 +251,6 @@ async def run(url: str, args: argparse.Namespace) -> dict[str, Any]:
     return {"tasks": args.tasks, "server": server, "browser": browser, "events": events}
 
 
-async def drop_schema(url: str, schema: str) -> None:
-    import asyncpg
-
-    connection = await asyncpg.connect(url.split("?")[0])
-    try:
-        await connection.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-    finally:
-        await connection.close()
-
-
 async def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=["sqlite"], action="append", default=[])
@@ -272,9 +259,10 @@ async def main(argv: list[str]) -> None:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--event-rate", type=int, default=1000)
     parser.add_argument("--event-seconds", type=float, default=10.0)
-    parser.add_argument("--results-dir", type=Path, default=RESULTS)
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args(argv)
+    recorder = Recorder("dashboard", results_dir=args.results_dir, enabled=not args.no_record)
     targets: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for _ in args.backend:
@@ -284,28 +272,26 @@ async def main(argv: list[str]) -> None:
         if not targets:
             targets.append(("sqlite", f"sqlite:///{Path(tmp) / 'dashboard.db'}"))
         for name, url in targets:
+            schemas = PostgresSchemas(url, "bench_dashboard") if name == "postgresql" else None
             schema = None
-            if name == "postgresql":
-                schema = f"bench_dashboard_{uuid.uuid4().hex[:8]}"
-                url = f"{url}{'&' if '?' in url else '?'}schema={schema}"
+            if schemas is not None:
+                url, schema = schemas.url()
+            load, date = load_1min(), now_iso()
             try:
                 figures = await run(url, args)
             finally:
-                if schema is not None:
-                    await drop_schema(url, schema)
-            record = {
-                "benchmark": "dashboard",
+                if schemas is not None and schema is not None:
+                    await schemas.drop(schema)
+            print(json.dumps(figures, indent=2))
+            params = {
                 "backend": name,
-                "at": datetime.now(UTC).isoformat(),
-                "machine": machine(),
-                **figures,
+                "tasks": args.tasks,
+                "repeat": args.repeat,
+                "event_rate": args.event_rate,
+                "event_seconds": args.event_seconds,
             }
-            print(json.dumps(record, indent=2))
-            if not args.no_record:
-                stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-                out = args.results_dir / f"dashboard-{stamp}-{name}.json"
-                out.write_text(json.dumps(record, indent=2) + "\n")
-                print(f"recorded {out}", file=sys.stderr)
+            recorder.record(name, figures, params=params, load=load, date=date)
+    recorder.done()
 
 
 if __name__ == "__main__":

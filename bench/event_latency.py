@@ -4,7 +4,7 @@ in another.
 A writer process enqueues tasks one by one at a fixed rate (each enqueue commits an
 ENQUEUED event); this process subscribes with ``tm.events()`` and measures, for every
 event, ``received - event.at`` (both on this machine's clock). Prints p50/p95/p99/max
-and writes them with the machine details to bench/results/.
+and records them in ``bench/results/event-latency.jsonl``.
 
     uv run python bench/event_latency.py --events 500 --rate 100
 """
@@ -13,18 +13,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
-import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
+from harness import Recorder, load_1min, now_iso
 from taskmill import EventKind, TaskFilter, Taskmill
 
 WRITER = """
@@ -37,30 +32,6 @@ async def main(url, count, rate):
             await asyncio.sleep(1 / rate)
 asyncio.run(main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3])))
 """
-
-RESULTS = Path(__file__).with_name("results")
-
-
-def machine() -> dict[str, object]:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "sqlite": sqlite3.sqlite_version,
-        "os": platform.platform(),
-        "commit": commit or "unknown",
-    }
 
 
 def percentile(values: list[float], pct: float) -> float:
@@ -99,34 +70,28 @@ def main() -> None:
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
     polls = args.poll_interval or [0.1, 0.02]
-    runs = []
+    recorder = Recorder("event-latency", enabled=not args.no_record)
     for poll in polls:
+        load, date = load_1min(), now_iso()
         with tempfile.TemporaryDirectory() as tmp:
             url = f"sqlite:///{Path(tmp) / 'events.db'}"
             asyncio.run(_create(url))
             latencies = asyncio.run(measure(url, args.events, args.rate, poll))
         run = {
-            "backend": "sqlite",
-            "poll_interval_s": poll,
             "events": len(latencies),
-            "rate_per_s": args.rate,
             "p50_ms": round(statistics.median(latencies), 2),
             "p95_ms": round(percentile(latencies, 95), 2),
             "p99_ms": round(percentile(latencies, 99), 2),
             "max_ms": round(max(latencies), 2),
         }
-        runs.append(run)
+        params = {"backend": "sqlite", "poll_interval_s": poll, "rate_per_s": args.rate}
+        recorder.record(f"poll {poll:g} s", run, params=params, load=load, date=date)
         print(
             f"sqlite poll≤{poll * 1000:.0f} ms: {len(latencies)} events at {args.rate:.0f}/s  "
             f"p50 {run['p50_ms']} ms  p95 {run['p95_ms']} ms  p99 {run['p99_ms']} ms  "
             f"max {run['max_ms']} ms"
         )
-    if not args.no_record:
-        RESULTS.mkdir(exist_ok=True)
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        path = RESULTS / f"event-latency-{stamp}.json"
-        path.write_text(json.dumps({"machine": machine(), "runs": runs}, indent=2) + "\n")
-        print(f"recorded {path}")
+    recorder.done()
 
 
 async def _create(url: str) -> None:

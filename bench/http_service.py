@@ -11,7 +11,7 @@
 
     uv run python bench/http_service.py --mode post --url sqlite:///... (or postgresql://)
 
-Results are printed and recorded in bench/results/ with the machine's details.
+Results are printed and recorded in ``bench/results/http-service.jsonl``.
 """
 
 from __future__ import annotations
@@ -20,43 +20,19 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
+from harness import Recorder, load_1min, now_iso, redact
 from taskmill import Taskmill
 
-RESULTS = Path(__file__).with_name("results")
 TOKEN = "bench-token"
-
-
-def machine() -> dict[str, Any]:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "commit": commit,
-        # Other work on the machine skews every figure: recorded beside them.
-        "load_average": os.getloadavg(),
-    }
 
 
 def free_port() -> int:
@@ -310,15 +286,17 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=200)
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
+    recorder = Recorder("http-service", enabled=not args.no_record)
+    load, date = load_1min(), now_iso()
     result = asyncio.run(run(args))
-    result["machine"] = machine()
-    result["recorded_at"] = datetime.now(UTC).isoformat()
     print(json.dumps(result, indent=2))
-    if not args.no_record:
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        path = RESULTS / f"http-{args.mode}-{stamp}-{result['backend']}.json"
-        path.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"recorded in {path}", file=sys.stderr)
+    params = {
+        key: value for key, value in vars(args).items() if key != "no_record" and value is not None
+    }
+    params["url"] = redact(args.url) if args.url else "sqlite:///<fresh file>"
+    params["backend"] = result.pop("backend")
+    recorder.record(args.mode, result, params=params, load=load, date=date)
+    recorder.done()
 
 
 if __name__ == "__main__":

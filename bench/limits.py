@@ -8,8 +8,8 @@ bind) and a global concurrency limit (``--global-concurrency``, also not binding
 the machine's load falls on both alike. The figure is claimed tasks per second of wall
 time spent inside ``claim_batch`` calls (summed over the claimers), plus the drain's
 wall-clock rate. Every round checks that every task ended COMPLETED with one attempt.
-Results are printed and, unless ``--no-record``, written to
-``bench/results/limits-<time>.json``.
+Results are printed and, unless ``--no-record``, every round is recorded (with the
+load at its start) in ``bench/results/limits.jsonl``.
 
     uv run python bench/limits.py --url postgresql://u:p@127.0.0.1/db --rounds 3
 """
@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import statistics
 import time
 import uuid
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from datetime import timedelta
 
+from harness import Recorder, backend_of, load_1min, now_iso
 from taskmill import TaskFilter, Taskmill, TaskStatus
 from taskmill.limits import TypeLimit, parse_rate
 from taskmill.model import AttemptOutcome
@@ -141,14 +138,18 @@ async def main() -> None:
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
 
-    load_before = list(os.getloadavg())
+    recorder = Recorder("limits", enabled=not args.no_record)
+    params = {k: v for k, v in vars(args).items() if k not in ("url", "no_record")}
+    params["backend"] = backend_of(args.url)
     rounds: dict[str, list[dict[str, float]]] = {"none": [], "limits": []}
     async with Taskmill(args.url, plugins=False) as tm:
         await _round(tm, argparse.Namespace(**{**vars(args), "tasks": 200}), False)  # warm-up
         for n in range(args.rounds):
             for name in ("none", "limits") if n % 2 == 0 else ("limits", "none"):
+                load, date = load_1min(), now_iso()
                 result = await _round(tm, args, name == "limits")
                 rounds[name].append(result)
+                recorder.record(name, result, params=params, round=n + 1, load=load, date=date)
                 print(
                     f"round {n + 1} {name:>6}: {result['claims_per_claim_second']:8.0f} "
                     f"claimed/s in claim_batch, {result['drained_per_second']:7.0f}/s drained"
@@ -170,26 +171,7 @@ async def main() -> None:
         f"median: limits/none = {ratio:.2f} (claim_batch), {drain_ratio:.2f} (drain); "
         f"target >= 0.80"
     )
-    record = {
-        "benchmark": "limits",
-        "at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "backend": args.url.split(":", 1)[0],
-        "settings": {k: v for k, v in vars(args).items() if k not in ("url", "no_record")},
-        "machine": f"{os.cpu_count()} cores {platform.processor() or platform.machine()}, "
-        f"Python {platform.python_version()}",
-        "load_average_before": load_before,
-        "load_average_after": list(os.getloadavg()),
-        "rounds": rounds,
-        "medians": medians,
-        "ratio_claim_batch": ratio,
-        "ratio_drain": drain_ratio,
-    }
-    if not args.no_record:
-        out = Path(__file__).parent / "results"
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        path = out / f"limits-{stamp}.json"
-        path.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"recorded {path}")
+    recorder.done()
 
 
 if __name__ == "__main__":

@@ -39,12 +39,12 @@ finished) are inserted with ``insert_many`` into a taskmill database, then the d
 ``--history-setting`` alternates between an empty database and that one.
 
 ``--count-commands`` runs only the drains of each ``--setting`` and counts the commands
-they send, by name (``bench/results/mongo-commands-<date>.json``).
+they send, by name (``bench/results/mongo-commands.jsonl``).
 
 Every URL is the one given: ``?directConnection=true&serializeWrites=true`` on the
 stand-in nx-27017 (taskmill's ``serializeWrites`` is removed from the raw loops' and
-Celery's URLs, which do not know it). Recorded in
-``bench/results/mongo-peers-<date>.json`` with the machine, the load average before
+Celery's URLs, which do not know it). Recorded as one record of
+``bench/results/mongo-peers.jsonl`` (bench/harness.py) holding the load average before
 each phase, the settings and the versions. See docs/benchmarks.md.
 
     uv run python bench/mongo_peers.py \\
@@ -56,7 +56,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import signal
 import statistics
@@ -72,12 +71,12 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pymongo
+from harness import Recorder, load_1min, now_iso, redact
 from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, ReturnDocument, monitoring
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.database import AsyncDatabase
 from taskmill import Context, TaskFilter, Taskmill
 from taskmill_mongo.options import parse_url
-from throughput import machine_details, redact
 
 BENCH_DIR = Path(__file__).resolve().parent
 SCRIPT = str(Path(__file__).resolve())
@@ -116,10 +115,6 @@ async def drop(url: str, database: str) -> None:
         await client.drop_database(database)
     finally:
         await client.close()
-
-
-def load() -> float:
-    return round(os.getloadavg()[0], 2)
 
 
 # -- the raw loops -----------------------------------------------------------------------
@@ -514,11 +509,11 @@ async def history_phase(args: argparse.Namespace) -> dict[str, Any]:
     try:
         async with taskmill_app(full_url):
             pass  # creates the collections and indexes
-        out["load_before_fill"] = load()
+        out["load_before_fill"] = load_1min()
         out["seconds_to_add_them"] = round(await add_history(full_url, args.history), 1)
         print(f"history: {args.history} finished tasks in {out['seconds_to_add_them']} s")
         for _ in range(args.history_rounds):
-            row: dict[str, float] = {"load_before": load()}
+            row: dict[str, float] = {"load_before": load_1min()}
             row["empty_per_s"] = (await taskmill_run(args.url, args.tasks, 1000, setting))[
                 "process_per_s"
             ]
@@ -616,7 +611,7 @@ def versions() -> dict[str, str]:
 async def rounds(args: argparse.Namespace) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for number in range(args.rounds):
-        row: dict[str, Any] = {"load_before": load()}
+        row: dict[str, Any] = {"load_before": load_1min()}
         row["raw_update_many"] = await raw_update_many(args.url, args.tasks)
         row["raw_find_one_and_update"] = await raw_find_one_and_update(
             args.url, args.tasks, args.fou_loops
@@ -635,7 +630,7 @@ async def rounds(args: argparse.Namespace) -> list[dict[str, Any]]:
                 if "process_per_s" in figures:
                     figures["ratio_to_ceiling"] = figures["process_per_s"] / ceiling
                 row[f"celery c{concurrency}"] = figures
-        row["load_after"] = load()
+        row["load_after"] = load_1min()
         out.append(row)
         print(
             f"round {number + 1} (load {row['load_before']}): "
@@ -674,26 +669,12 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def code_under_test(label: str) -> dict[str, Any]:
-    """The label, the taskmill-mongo package this process imported (its directory: the
-    store is split over the package's modules) and the commit of the checkout this
-    script is in (a before/after pair runs the same script twice)."""
+    """The label and the taskmill-mongo package this process imported (its directory:
+    the store is split over the package's modules; the record's envelope has the
+    commit of the checkout this script is in)."""
     import taskmill_mongo
 
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=BENCH_DIR,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = None
-    return {
-        "label": label,
-        "taskmill_mongo_source": str(Path(taskmill_mongo.__file__).parent),
-        "commit": commit,
-    }
+    return {"label": label, "taskmill_mongo_source": str(Path(taskmill_mongo.__file__).parent)}
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -718,7 +699,6 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             "history_setting": args.history_setting,
         },
         "versions": versions(),
-        "machine": machine_details(),
         "server": await server_details(args.url),
     }
     if args.celery_python:
@@ -746,7 +726,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 continue
             name = fresh_name("mb_lat")
             try:
-                before = load()
+                before = load_1min()
                 values = await latencies(with_database(args.url, name), samples, poll, gap)
             finally:
                 await drop(args.url, name)
@@ -754,7 +734,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             print(f"latency, {label}:", record["latency"][label], flush=True)
     if args.history:
         record["history"] = await history_phase(args)
-    record["load_at_end"] = load()
+    record["load_at_end"] = load_1min()
     return record
 
 
@@ -812,30 +792,29 @@ def main() -> None:
         asyncio.run(serve(args.serve, args.poll))
         return
     if args.count_commands:
-        date = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        recorder = Recorder(
+            "mongo-commands", results_dir=args.results_dir, enabled=not args.no_record
+        )
+        load, date = load_1min(), now_iso()
         counted: dict[str, Any] = {
-            "benchmark": "mongo-commands",
-            "date": date,
             "url": redact(args.url),
             **code_under_test(args.label),
             "versions": versions(),
-            "machine": machine_details(),
-            "settings": asyncio.run(command_counts(args.url, args.tasks, args.setting)),
         }
-        if not args.no_record:
-            stamp = date.replace("-", "").replace(":", "")
-            path = args.results_dir / f"mongo-commands-{stamp}.json"
-            path.write_text(json.dumps(counted, indent=2) + "\n")
-            print(f"recorded {path}")
+        figures = {"settings": asyncio.run(command_counts(args.url, args.tasks, args.setting))}
+        recorder.record("command counts", figures, params=counted, load=load, date=date)
+        recorder.done()
         return
+    recorder = Recorder("mongo-peers", results_dir=args.results_dir, enabled=not args.no_record)
+    load, date = load_1min(), now_iso()
     record = asyncio.run(bench(args))
     print(json.dumps(record["summary"], indent=2))
-    if not args.no_record:
-        args.results_dir.mkdir(parents=True, exist_ok=True)
-        stamp = record["date"].replace("-", "").replace(":", "")
-        path = args.results_dir / f"mongo-peers-{stamp}.json"
-        path.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"recorded {path}")
+    params = {key: record.pop(key) for key in ("url", "settings", "versions", "server")}
+    params.update({key: record.pop(key) for key in ("label", "taskmill_mongo_source")})
+    record.pop("benchmark", None)
+    record.pop("date", None)
+    recorder.record("peers", record, params=params, load=load, date=date)
+    recorder.done()
 
 
 if __name__ == "__main__":

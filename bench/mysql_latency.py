@@ -4,7 +4,7 @@ no LISTEN/NOTIFY), tasks enqueued one at a time from this process.
 Each task carries the wall-clock time just before its ``enqueue`` call; the handler,
 in the worker process, appends (task id, start time) to a file. The latency is the
 difference, per task (same machine, same clock). p50 and p99 over ``--tasks`` tasks
-are printed and recorded in ``bench/results/mysql-latency-<date>.json``.
+are printed and recorded in ``bench/results/mysql-latency.jsonl``.
 
     uv run python bench/mysql_latency.py --url mysql://taskmill:taskmill@127.0.0.1/tm_lat
 """
@@ -14,19 +14,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from harness import Recorder, load_1min, now_iso, redact
 from taskmill import Context, Taskmill
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 async def serve(url: str, stamps: Path) -> None:
@@ -76,6 +73,7 @@ def main() -> None:
     if args.serve:
         asyncio.run(serve(args.url, Path(args.serve)))
         return
+    load, date = load_1min(), now_iso()
     with tempfile.TemporaryDirectory() as tmp:
         stamps = Path(tmp) / "stamps"
         stamps.touch()
@@ -91,17 +89,15 @@ def main() -> None:
             worker.wait(30)
     ms = sorted(x * 1000 for x in latencies)
     result = {
-        "machine": {"platform": platform.platform(), "python": platform.python_version()},
-        "at": datetime.now(UTC).isoformat(),
-        "tasks": args.tasks,
         "p50_ms": statistics.median(ms),
         "p99_ms": ms[min(len(ms) - 1, round(0.99 * (len(ms) - 1)))],
         "max_ms": ms[-1],
     }
     print(json.dumps(result, indent=2))
-    if not args.no_record:
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        (RESULTS / f"mysql-latency-{stamp}.json").write_text(json.dumps(result, indent=2) + "\n")
+    recorder = Recorder("mysql-latency", enabled=not args.no_record)
+    params = {"url": redact(args.url), "tasks": args.tasks, "worker": "one idle process, polling"}
+    recorder.record("enqueue to start", result, params=params, load=load, date=date)
+    recorder.done()
 
 
 if __name__ == "__main__":

@@ -22,8 +22,8 @@ within a round are the figure, absolute rates move with the load).
 - ``latency``: ``bench/mysql_latency.py`` per variant (``--latency-tasks`` tasks, an
   idle polling worker process, enqueue→start p50/p99).
 
-Each round records the load average before it. Everything is recorded with the machine
-in ``bench/results/mysql-peers-<date>.json``.
+Each round records the load average before and after it. The invocation is one record of
+``bench/results/mysql-peers.jsonl`` (bench/harness.py).
 
     uv run --group bench python bench/mysql_peers.py \\
         --url mysql://taskmill:taskmill@127.0.0.1:3306/tm_peers --tasks 20000
@@ -35,22 +35,20 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import threading
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import aiomysql
+from harness import Recorder, load_1min, now_iso, redact
 from taskmill import Context, TaskFilter, Taskmill
 from taskmill_mysql.options import parse_url
 
 BENCH = Path(__file__).resolve().parent
-RESULTS = BENCH / "results"
 DEFAULT_SETTINGS = ["10:0:0", "10:1000:0.002", "100:0:0", "100:1000:0.002"]
 
 
@@ -282,19 +280,6 @@ def latency_peer(url: str, tasks: int, source: str | None) -> dict[str, Any]:
     return {k: report[k] for k in ("p50_ms", "p99_ms", "max_ms")}
 
 
-def machine() -> dict[str, Any]:
-    return {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-    }
-
-
-def _git(*args: str) -> str:
-    done = subprocess.run(["git", *args], capture_output=True, text=True, check=False, cwd=BENCH)
-    return done.stdout.strip()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", required=True, help="mysql://... of a scratch database")
@@ -341,9 +326,11 @@ def main() -> None:
         variants[name] = str(Path(source).resolve())
     database = parse_url(args.url, {}).database
     tm_url = with_database(args.url, f"{database}_tm")
+    recorder = Recorder("mysql-peers", enabled=not args.no_record)
+    load, date = load_1min(), now_iso()
     rounds: list[dict[str, Any]] = []
     for number in range(args.rounds):
-        row: dict[str, Any] = {"load_before": os.getloadavg()[0]}
+        row: dict[str, Any] = {"load_before": load_1min()}
         row["raw"] = asyncio.run(raw_ceiling(args.url, args.tasks))
         row["huey"] = {str(c): huey_peer(args.url, args.huey_tasks, c) for c in concurrencies}
         row["taskmill"] = {
@@ -355,7 +342,7 @@ def main() -> None:
                 name: latency_peer(tm_url, args.latency_tasks, source)
                 for name, source in variants.items()
             }
-        row["load_after"] = os.getloadavg()[0]
+        row["load_after"] = load_1min()
         rounds.append(row)
         raw = row["raw"]["process_per_s"]
         print(
@@ -412,24 +399,17 @@ def main() -> None:
             for name in variants
         },
     }
-    result: dict[str, Any] = {
-        "machine": machine(),
-        "commit": _git("rev-parse", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain")),
-        "at": datetime.now(UTC).isoformat(),
+    params = {
         "tasks": args.tasks,
         "huey_tasks": args.huey_tasks,
         "settings": settings,
         "variants": variants,
-        "rounds": rounds,
-        "summary": summary,
+        "url": redact(args.url),
     }
     print(json.dumps(summary, indent=2))
-    if not args.no_record:
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        out = RESULTS / f"mysql-peers-{stamp}.json"
-        out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"recorded {out}")
+    recorder.record("peers", {"rounds": rounds, "summary": summary}, params=params, load=load,
+                    date=date)  # fmt: skip
+    recorder.done()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ afterwards), and the script measures over the drain alone:
   finishing backends). With ``worker_flow.py``'s share of the drain in which each call
   is in flight, this says who waits.
 
-Rounds alternate the settings. Recorded in ``bench/results/postgres-cpu-split-<date>.json``.
+Rounds alternate the settings. Every run is one record of
+``bench/results/postgres-cpu-split.jsonl``.
 See docs/benchmarks.md (issue 15, "Where the time goes").
 
     uv run python bench/postgres_cpu_split.py --url "$TASKMILL_TEST_POSTGRES_URL"
@@ -28,21 +29,17 @@ import json
 import os
 import resource
 import statistics
-import sys
 import time
-import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import asyncpg
+import harness
+from harness import PostgresSchemas, Recorder, load_1min, now_iso
+from references import noop
 from taskmill import Taskmill
+from throughput import Setting, enqueue_all
 
-sys.path.insert(1, str(Path(__file__).resolve().parent))
-
-import postgres_prefetch_ab as ab
-
-BENCH_DIR = Path(__file__).resolve().parent
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -112,22 +109,17 @@ async def one_run(
     admin: asyncpg.Connection[Any],
     clock: ServerClock,
     tasks: int,
-    setting: str,
+    setting: Setting,
     statements: bool,
 ) -> dict[str, Any]:
-    concurrency, prefetch, window = setting.split(":")
-    schema = f"bench_split_{uuid.uuid4().hex[:8]}"
-    tm = Taskmill(ab.with_schema(url, schema), plugins=False)
-    tm.register("noop", ab.noop)
+    schemas = PostgresSchemas(url, "bench_split")
+    run_url, schema = schemas.url()
+    tm = Taskmill(run_url, plugins=False, auto_migrate=True)
+    tm.register("noop", noop)
     try:
         async with tm:
-            await ab.enqueue_noops(tm, tasks)
-            worker = tm.worker(
-                concurrency=int(concurrency),
-                prefetch=int(prefetch),
-                finish_window=float(window),
-                handle_signals=False,
-            )
+            await enqueue_all(tm, "noop", tasks, 1000)
+            worker = tm.worker(**setting.worker_args(), handle_signals=False)
             if statements:
                 await admin.execute("SELECT pg_stat_statements_reset()")
             before = resource.getrusage(resource.RUSAGE_SELF)
@@ -141,10 +133,9 @@ async def one_run(
                 raise RuntimeError(f"{worker.processed} of {tasks} processed")
             found = await _statements(admin) if statements else []
     finally:
-        await admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        await schemas.drop(schema)
     python = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     return {
-        "setting": setting,
         "tasks_per_s": tasks / seconds,
         "python_cpu_us_per_task": python / tasks * 1e6,
         "server_cpu_us_per_task": server / tasks * 1e6,
@@ -160,7 +151,6 @@ async def one_run(
             }
             for s in found
         ],
-        "load": os.getloadavg()[0],
     }
 
 
@@ -170,14 +160,17 @@ async def main() -> None:
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--setting", action="append", help="concurrency:prefetch:finish_window")
-    parser.add_argument("--results-dir", type=Path, default=BENCH_DIR / "results")
+    parser.add_argument("--results-dir", type=Path, default=harness.RESULTS_DIR)
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
-    settings = args.setting or ["10:1000:0.002", "100:1000:0.002"]
-
-    admin = await asyncpg.connect(ab.plain_dsn(args.url))
+    settings = [Setting.parse(s) for s in args.setting or ["10:1000:0.002", "100:1000:0.002"]]
+    recorder = Recorder(
+        "postgres-cpu-split", results_dir=args.results_dir, enabled=not args.no_record
+    )
+    admin = await asyncpg.connect(harness.plain_dsn(args.url))
     try:
         data_directory = await admin.fetchval("SHOW data_directory")
+        server = str(await admin.fetchval("SHOW server_version"))
         statements = bool(
             await admin.fetchval(
                 "SELECT count(*) FROM pg_extension WHERE extname = 'pg_stat_statements'"
@@ -185,15 +178,25 @@ async def main() -> None:
         )
         clock = ServerClock(data_directory)
         clock.begin()  # fails here, before any run, if the server is not readable
-        runs: list[dict[str, Any]] = []
+        runs: dict[str, list[dict[str, Any]]] = {s.label: [] for s in settings}
         for round_ in range(args.rounds):
             for setting in settings:
+                load, date = load_1min(), now_iso()
                 run = await one_run(args.url, admin, clock, args.tasks, setting, statements)
-                run["round"] = round_ + 1
-                runs.append(run)
+                runs[setting.label].append(run)
+                params = {
+                    "url": harness.redact(args.url),
+                    "tasks": args.tasks,
+                    "server_version": server,
+                    "pg_stat_statements": statements,
+                    **setting.params(),
+                }
+                recorder.record(
+                    setting.label, run, params=params, round=round_ + 1, load=load, date=date
+                )
                 by_kind = {s["kind"]: s["exec_us_per_task"] for s in run["statements"]}
                 print(
-                    f"round {round_ + 1} {setting}: {run['tasks_per_s']:,.0f} tasks/s, "
+                    f"round {round_ + 1} {setting.label}: {run['tasks_per_s']:,.0f} tasks/s, "
                     f"python {run['python_cpu_us_per_task']:.1f} us/task, server "
                     f"{run['server_cpu_us_per_task']:.1f} us/task, wall "
                     f"{run['wall_us_per_task']:.1f} us/task"
@@ -204,17 +207,14 @@ async def main() -> None:
                         else ""
                     )
                     + f", busiest server processes {run['busiest_server_processes_share']}"
-                    f" of a core, load {run['load']:.1f}",
+                    f" of a core, load {load:.1f}",
                     flush=True,
                 )
     finally:
         await admin.close()
-
-    summary = {}
-    for setting in settings:
-        mine = [r for r in runs if r["setting"] == setting]
-        summary[setting] = {
-            key: statistics.median(r[key] for r in mine)
+    for label, mine in runs.items():
+        medians = {
+            key: round(statistics.median(r[key] for r in mine), 1)
             for key in (
                 "tasks_per_s",
                 "python_cpu_us_per_task",
@@ -222,28 +222,8 @@ async def main() -> None:
                 "wall_us_per_task",
             )
         }
-        print(setting, "median:", json.dumps({k: round(v, 1) for k, v in summary[setting].items()}))
-    if not args.no_record:
-        record = {
-            "benchmark": "postgres-cpu-split",
-            "date": datetime.now(UTC).isoformat(timespec="seconds"),
-            "tasks": args.tasks,
-            "settings": settings,
-            "pg_stat_statements": statements,
-            "runs": runs,
-            "medians": summary,
-            "machine": ab.machine_line(),
-            "server": await _server_version(args.url),
-        }
-        ab.write_record(args.results_dir, "postgres-cpu-split", record)
-
-
-async def _server_version(url: str) -> str:
-    conn = await asyncpg.connect(ab.plain_dsn(url))
-    try:
-        return str(await conn.fetchval("SHOW server_version"))
-    finally:
-        await conn.close()
+        print(label, "median:", json.dumps(medians))
+    recorder.done()
 
 
 if __name__ == "__main__":

@@ -19,8 +19,8 @@ each** at the same concurrency. Measured, for each:
 
 Each framework has its own place: taskmill a fresh schema (``?schema=``), procrastinate
 a fresh database (its schema lives in ``public``), both created and dropped by the
-script. Results go to ``bench/results/postgres-vs-procrastinate-<date>.json`` with the
-machine and the server's settings.
+script. The invocation is one record of ``bench/results/postgres-vs-procrastinate.jsonl``
+(bench/harness.py), with the server's settings.
 
     uv run python bench/postgres_vs_procrastinate.py \\
         --url postgresql://taskmill:taskmill@127.0.0.1:5432/taskmill
@@ -46,16 +46,15 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import procrastinate
+from harness import Recorder, load_1min, now_iso, redact
 from procrastinate.types import JSONDict
 from taskmill import Context, Taskmill
-from throughput import machine_details, redact
 
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_URL = os.environ.get(
@@ -495,36 +494,31 @@ def main() -> None:
     if args.serve:
         asyncio.run(serve(args.serve, args.where, args.concurrency[0]))
         return
-    record: dict[str, Any] = {
-        "benchmark": "postgres-vs-procrastinate",
-        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    recorder = Recorder(
+        "postgres-vs-procrastinate", results_dir=args.results_dir, enabled=not args.no_record
+    )
+    load, date = load_1min(), now_iso()
+    params: dict[str, Any] = {
         "url": redact(args.url),
-        "settings": {
-            "tasks": args.tasks,
-            "procrastinate_tasks": args.procrastinate_tasks,
-            "batch_size": args.batch_size,
-            "concurrency": args.concurrency,
-            "latency_samples": args.latency_samples,
-            "history": args.history,
-            "procrastinate_version": procrastinate.__version__,
-            "asyncpg_version": asyncpg.__version__,
-        },
-        "machine": machine_details(),
+        "tasks": args.tasks,
+        "procrastinate_tasks": args.procrastinate_tasks,
+        "batch_size": args.batch_size,
+        "concurrency": args.concurrency,
+        "latency_samples": args.latency_samples,
+        "history": args.history,
+        "procrastinate_version": procrastinate.__version__,
+        "asyncpg_version": asyncpg.__version__,
         "server": asyncio.run(server_settings(args.url)),
     }
     with places(args.url) as (tm_url, pc_conninfo):
-        record["results"] = asyncio.run(bench(args, tm_url, pc_conninfo))
-    tm_c = record["results"]["taskmill"][f"concurrency_{args.concurrency[0]}"]
-    pc_c = record["results"]["procrastinate"][f"concurrency_{args.concurrency[0]}"]
-    record["ratio_processed"] = round(tm_c["processed_per_s"] / pc_c["processed_per_s"], 1)
-    print(f"taskmill / procrastinate processing at c={args.concurrency[0]}: "
-          f"{record['ratio_processed']}x")  # fmt: skip
-    if not args.no_record:
-        args.results_dir.mkdir(parents=True, exist_ok=True)
-        stamp_ = record["date"].replace("-", "").replace(":", "")
-        path = args.results_dir / f"postgres-vs-procrastinate-{stamp_}.json"
-        path.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"recorded {path}")
+        results = asyncio.run(bench(args, tm_url, pc_conninfo))
+    tm_c = results["taskmill"][f"concurrency_{args.concurrency[0]}"]
+    pc_c = results["procrastinate"][f"concurrency_{args.concurrency[0]}"]
+    ratio = round(tm_c["processed_per_s"] / pc_c["processed_per_s"], 1)
+    print(f"taskmill / procrastinate processing at c={args.concurrency[0]}: {ratio}x")
+    figures = {"results": results, "ratio_processed": ratio}
+    recorder.record("taskmill and procrastinate", figures, params=params, load=load, date=date)
+    recorder.done()
 
 
 if __name__ == "__main__":

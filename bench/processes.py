@@ -8,9 +8,9 @@ run checks that every task ended COMPLETED with one attempt. Each run also repor
 steady rate: the tasks that finished between the 10th and the 90th percentile of the
 stored finish times, over that span, which leaves out the start-up and the last tasks'
 tail (a long-running worker's rate); it is read from the store afterwards, so measuring
-it adds nothing to the run. Results are printed and,
-unless ``--no-record``, written to ``bench/results/processes-<time>-<backend>.json``, with
-the 1-minute load average at the start of every run. Any store shared between processes
+it adds nothing to the run. Results are printed and, unless ``--no-record``, every run
+is one record of ``bench/results/processes.jsonl``, with the 1-minute load average at
+its start. Any store shared between processes
 works; a PostgreSQL URL can name a schema of its own (``?schema=bench_processes``).
 
     uv run python bench/processes.py --url sqlite:///tmp/p.db --tasks 400 --processes 1 2
@@ -22,17 +22,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
-import re
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
+from harness import RESULTS_DIR, Recorder, backend_of, load_1min, now_iso, redact
 from taskmill import TaskFilter, Taskmill, TaskStatus
 
 HANDLERS = '''
@@ -103,15 +102,14 @@ def main() -> None:
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--concurrency", type=int, default=4, help="slots per process")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--results-dir", type=Path, default=Path(__file__).with_name("results"))
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
 
     loops = _loops_for(args.cpu_ms)
+    recorder = Recorder("processes", results_dir=args.results_dir, enabled=not args.no_record)
     runs: dict[int, list[float]] = {n: [] for n in args.processes}
     steady: dict[int, list[float]] = {n: [] for n in args.processes}
-    loads: dict[int, list[float]] = {n: [] for n in args.processes}
-    load_at_start = list(os.getloadavg())
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         (workdir / "bench_cpu_handlers.py").write_text(HANDLERS)
@@ -119,20 +117,32 @@ def main() -> None:
             for n in args.processes:  # alternating, so the machine's load falls on each
                 asyncio.run(_clear(args.url))
                 asyncio.run(_enqueue(args.url, args.tasks))
-                load = round(os.getloadavg()[0], 2)
+                load, date = load_1min(), now_iso()
                 took = _drain(args.url, n, args.concurrency, workdir, loops)
                 steady_rate = asyncio.run(_check(args.url, args.tasks))
                 rate = args.tasks / took
                 runs[n].append(rate)
                 steady[n].append(steady_rate)
-                loads[n].append(load)
+                params = {
+                    "backend": backend_of(args.url),
+                    "url": redact(args.url),
+                    "tasks": args.tasks,
+                    "cpu_ms": args.cpu_ms,
+                    "processes": n,
+                    "concurrency_per_process": args.concurrency,
+                }
+                figures = {"seconds": took, "tasks_per_s": rate, "steady_tasks_per_s": steady_rate}
+                recorder.record(
+                    f"--processes {n}", figures, params=params, round=round_ + 1, load=load,
+                    date=date,
+                )  # fmt: skip
                 print(
                     f"round {round_ + 1}: --processes {n}: {took:.2f} s, {rate:,.0f} tasks/s "
                     f"start to exit, {steady_rate:,.0f} tasks/s steady, load {load:.2f}",
                     flush=True,
                 )
-    medians = {n: sorted(r)[len(r) // 2] for n, r in runs.items()}
-    steady_medians = {n: sorted(r)[len(r) // 2] for n, r in steady.items()}
+    medians = {n: statistics.median(r) for n, r in runs.items()}
+    steady_medians = {n: statistics.median(r) for n, r in steady.items()}
     base = medians[min(medians)]
     steady_base = steady_medians[min(steady_medians)]
     for n, median in medians.items():
@@ -141,30 +151,7 @@ def main() -> None:
             f"({median / base:.2f}x), {steady_medians[n]:,.0f} steady "
             f"({steady_medians[n] / steady_base:.2f}x)"
         )
-    if not args.no_record:
-        record = {
-            "benchmark": "processes",
-            "date": datetime.now(UTC).isoformat(timespec="seconds"),
-            "url": args.url.split("@")[-1],
-            "tasks": args.tasks,
-            "cpu_ms": args.cpu_ms,
-            "concurrency_per_process": args.concurrency,
-            "runs_tasks_per_s": {str(n): r for n, r in runs.items()},
-            "medians": {str(n): m for n, m in medians.items()},
-            "steady_tasks_per_s": {str(n): r for n, r in steady.items()},
-            "steady_medians": {str(n): m for n, m in steady_medians.items()},
-            "machine": f"{os.cpu_count()} cores {platform.processor() or platform.machine()}, "
-            f"Python {platform.python_version()}",
-            "load_average_1_5_15_at_start": load_at_start,
-            "load_1min_per_run": {str(n): r for n, r in loads.items()},
-            "load_average": list(os.getloadavg()),
-        }
-        args.results_dir.mkdir(exist_ok=True)
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        backend = re.sub(r"[^a-z0-9]+", "-", args.url.split(":", 1)[0].lower())
-        path = args.results_dir / f"processes-{stamp}-{backend}.json"
-        path.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"recorded {path}")
+    recorder.done()
 
 
 async def _clear(url: str) -> None:

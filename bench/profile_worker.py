@@ -1,10 +1,11 @@
 """Where a worker's time goes: a cProfile of one drain, written as a readable top-N.
 
 Enqueues ``--tasks`` no-op tasks, then drains them in this process with one worker under
-cProfile, and writes ``bench/results/profile-<backend>-c<concurrency>.txt``: the run's
-settings and load, the tasks/s (with the profiler on, so slower than ``throughput.py``),
-and the top ``--top`` functions by own time and by cumulative time, with the µs per
-task each costs. See docs/benchmarks.md ("Where the time goes").
+cProfile, and writes ``bench/results/profiles/profile-<backend>-c<concurrency>.txt``
+(a readable artifact, not a record): the run's settings, commit and load, the tasks/s
+(with the profiler on, so slower than ``throughput.py``), and the top ``--top``
+functions by own time and by cumulative time, with the µs per task each costs. See
+docs/benchmarks.md ("Where the time goes").
 
     uv run python bench/profile_worker.py --url memory:// --tasks 20000
     uv run python bench/profile_worker.py --url "$TASKMILL_TEST_POSTGRES_URL" --tasks 20000
@@ -24,9 +25,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import harness
 from taskmill import Context, Taskmill
-
-BENCH_DIR = Path(__file__).resolve().parent
 
 
 async def noop(ctx: Context, params: dict[str, Any]) -> None:
@@ -50,7 +50,9 @@ def _top(profile: cProfile.Profile, sort: str, top: int, tasks: int) -> str:
     return "\n".join([header, *lines])
 
 
-async def profile_once(url: str, tasks: int, concurrency: int, prefetch: int) -> dict[str, Any]:
+async def profile_once(
+    url: str, tasks: int, concurrency: int, prefetch: int | None
+) -> dict[str, Any]:
     task_type = f"profile_{uuid.uuid4().hex[:8]}"
     tm = Taskmill(url, plugins=False)
     tm.register(task_type, noop)
@@ -63,7 +65,7 @@ async def profile_once(url: str, tasks: int, concurrency: int, prefetch: int) ->
                 ]
             )
         options: dict[str, Any] = {"concurrency": concurrency, "handle_signals": False}
-        if prefetch:
+        if prefetch is not None:
             options["prefetch"] = prefetch
         worker = tm.worker(**options)
         profiler = cProfile.Profile()
@@ -85,22 +87,30 @@ def main() -> None:
     parser.add_argument("--url", default="memory://", help="storage URL (default memory://)")
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--concurrency", type=int, default=10)
-    parser.add_argument("--prefetch", type=int, default=0, help="worker prefetch (0: none)")
+    parser.add_argument(
+        "--prefetch", type=int, default=None, help="worker prefetch (default: auto; 0: none)"
+    )
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--out", type=Path, help="where to write (default bench/results/...)")
     args = parser.parse_args()
+    load_at_start = harness.load_1min()
     run = asyncio.run(profile_once(args.url, args.tasks, args.concurrency, args.prefetch))
     label = _label(args.url)
-    out = args.out or BENCH_DIR / "results" / (
+    out = args.out or harness.RESULTS_DIR / "profiles" / (
         f"profile-{label}-c{args.concurrency}"
-        + (f"-p{args.prefetch}" if args.prefetch else "")
+        + (f"-p{args.prefetch}" if args.prefetch is not None else "")
         + ".txt"
     )
     load = os.getloadavg()
+    git, box = harness.git_state(), harness.machine()
     body = [
         f"backend {label}, {args.tasks} no-op tasks, concurrency {args.concurrency}, "
-        f"prefetch {args.prefetch}, one worker in this process",
-        f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
+        f"prefetch {'auto' if args.prefetch is None else args.prefetch}, one worker in this "
+        "process",
+        f"commit {git['commit']}{' (uncommitted changes)' if git['dirty'] else ''}, "
+        f"{box['cores']} cores {box['cpu_model']}, Python {box['python']}",
+        f"load average at the start: {load_at_start:.2f}; at the end: "
+        f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
         f"processed {run['processed']} in {run['seconds']:.2f} s = "
         f"{run['processed'] / run['seconds']:.0f} tasks/s under the profiler",
         "",

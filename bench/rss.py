@@ -3,9 +3,10 @@
 Enqueues ``--tasks`` no-op tasks, then drains them with one worker process (the
 ``throughput.py --drain`` worker, so the same code path as the throughput figures) and
 samples, every ``--interval`` seconds, the worker's resident set size (``VmRSS`` of
-``/proc/<pid>/status``) and how many tasks are completed. Records
-``bench/results/rss-<date>-<backend>.json`` and prints the samples; the figure is the
-RSS at the end against the RSS at the first sample past 10 % of the tasks.
+``/proc/<pid>/status``) and how many tasks are completed. Prints the samples and
+records them in ``bench/results/rss.jsonl``; the figure is the RSS at the end against
+the RSS at the first sample past 10 % of the tasks. The worker runs at its defaults
+(``--prefetch`` and ``--finish-window`` set them otherwise).
 
     uv run python bench/rss.py --url "$TASKMILL_TEST_POSTGRES_URL" --tasks 200000
     uv run python bench/rss.py --tasks 200000   # a fresh SQLite file
@@ -16,15 +17,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import tempfile
 import time
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from harness import Recorder, backend_of, load_1min, now_iso, redact
 from taskmill import Context, TaskFilter, Taskmill
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -42,7 +43,9 @@ def rss_kib(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
-async def run(url: str, tasks: int, concurrency: int, interval: float) -> dict[str, Any]:
+async def run(
+    url: str, tasks: int, concurrency: int, prefetch: str, finish_window: str, interval: float
+) -> dict[str, Any]:
     task_type = f"rss_{uuid.uuid4().hex[:8]}"
     tm = Taskmill(url, plugins=False)
     tm.register(task_type, noop)
@@ -64,6 +67,10 @@ async def run(url: str, tasks: int, concurrency: int, interval: float) -> dict[s
             task_type,
             "--concurrency",
             str(concurrency),
+            "--prefetch",
+            prefetch,
+            "--finish-window",
+            finish_window,
             stdout=asyncio.subprocess.PIPE,
         )
         output = asyncio.create_task(worker.communicate())
@@ -82,7 +89,7 @@ async def run(url: str, tasks: int, concurrency: int, interval: float) -> dict[s
                 "seconds": time.monotonic() - started,
                 "completed": summary.completed,
                 "rss_kib": rss,
-                "load_1min": round(os.getloadavg()[0], 2),
+                "load_1min": load_1min(),
             }
             samples.append(sample)
             print(
@@ -104,11 +111,17 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=200_000)
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--interval", type=float, default=10.0)
+    parser.add_argument("--prefetch", default="default", help="the worker's (default: its own)")
+    parser.add_argument("--finish-window", default="default", help="the worker's")
+    parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
+    recorder = Recorder("rss", enabled=not args.no_record)
+    load, date = load_1min(), now_iso()
     with tempfile.TemporaryDirectory() as directory:
         url = args.url or f"sqlite:///{Path(directory) / 'tasks.db'}"
-        load = os.getloadavg()
-        result = asyncio.run(run(url, args.tasks, args.concurrency, args.interval))
+        result = asyncio.run(
+            run(url, args.tasks, args.concurrency, args.prefetch, args.finish_window, args.interval)
+        )
     samples = result["samples"]
     past_tenth = [s for s in samples if s["completed"] >= args.tasks / 10]
     verdict: dict[str, Any] = {}
@@ -122,23 +135,19 @@ def main() -> None:
             "growth": last["rss_kib"] / first["rss_kib"] - 1,
         }
         print(json.dumps(verdict))
-    backend = "sqlite" if args.url is None else args.url.split(":", 1)[0]
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = BENCH_DIR / "results" / f"rss-{stamp}-{backend}.json"
-    record = {
-        "settings": {
-            "tasks": args.tasks,
-            "concurrency": args.concurrency,
-            "interval": args.interval,
-            "worker": "bench/throughput.py --drain in its own process",
-        },
-        "load_before": load[0],
-        "load_after": os.getloadavg()[0],
-        **result,
-        "verdict": verdict,
+    params = {
+        "backend": "sqlite" if args.url is None else backend_of(args.url),
+        "url": "sqlite:///<fresh file>" if args.url is None else redact(args.url),
+        "tasks": args.tasks,
+        "concurrency": args.concurrency,
+        "prefetch": args.prefetch,
+        "finish_window": args.finish_window,
+        "interval": args.interval,
+        "worker": "bench/throughput.py --drain in its own process",
     }
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"recorded {out}")
+    figures = {**result, "verdict": verdict, "load_after": load_1min()}
+    recorder.record("worker rss", figures, params=params, load=load, date=date)
+    recorder.done()
 
 
 if __name__ == "__main__":

@@ -1,15 +1,16 @@
 """How a worker's claims and finishes overlap: the time each storage call is in flight.
 
 One worker in this process drains ``--tasks`` no-op tasks (enqueued first) on the store
-``--url`` names (a PostgreSQL or MySQL URL is given a schema or database of its own and
-dropped afterwards; SQLite gets a fresh file; ``memory://`` works too), at each
+``--url`` names (a PostgreSQL URL is given a schema of its own, dropped afterwards;
+``sqlite://`` is a fresh file; any other URL is used as it is), at each
 ``--setting concurrency:prefetch:finish_window``. The script wraps the store's
 ``claim_batch`` and ``finish_batch_applied`` (timing only: the real calls run) and
 reports, over the drain, the share of the wall time in which a claim was in flight, a
 finish was, both were at once, and neither; the calls' count and mean size; and the
 machine's busy share of its cores (``/proc/stat``). This is the measurement that found
 the claim loop waiting for every backlog of outcomes (docs/benchmarks.md, "Issue 15:
-flow between claims and finishes"). Records ``bench/results/worker-flow-<date>.json``.
+flow between claims and finishes"). Every run is one record of
+``bench/results/worker-flow.jsonl``.
 
     uv run python bench/worker_flow.py --url "$TASKMILL_TEST_POSTGRES_URL" \\
         --setting 100:1000:0.002 --setting 10:1000:0.002 --rounds 3
@@ -19,23 +20,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import sys
 import tempfile
 import time
-import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import asyncpg
+import harness
+from harness import PostgresSchemas, Recorder, load_1min, now_iso
+from references import noop
 from taskmill import Taskmill
-
-sys.path.insert(1, str(Path(__file__).resolve().parent))
-
-import postgres_prefetch_ab as ab
-
-BENCH_DIR = Path(__file__).resolve().parent
+from throughput import Setting, enqueue_all
 
 
 def _cpu_ticks() -> tuple[int, int]:
@@ -45,25 +39,21 @@ def _cpu_ticks() -> tuple[int, int]:
     return sum(values), values[3] + values[4]
 
 
-def _store_url(url: str) -> tuple[str, str | None]:
-    """The URL this run uses and the PostgreSQL schema to drop afterwards."""
-    if url.startswith(("postgresql://", "postgres://")):
-        schema = f"bench_flow_{uuid.uuid4().hex[:8]}"
-        return ab.with_schema(url, schema), schema
-    if url == "sqlite://":
-        return f"sqlite:///{tempfile.mkdtemp(prefix='taskmill-flow-')}/tasks.db", None
-    return url, None
-
-
-async def one_run(url: str, tasks: int, setting: str) -> dict[str, Any]:
-    concurrency, prefetch, window = setting.split(":")
-    run_url, schema = _store_url(url)
-    tm = Taskmill(run_url, plugins=False)
-    tm.register("noop", ab.noop)
+async def one_run(url: str, tasks: int, setting: Setting) -> dict[str, Any]:
+    schemas: PostgresSchemas | None = None
+    schema = None
+    run_url = url
+    if harness.is_postgres(url):
+        schemas = PostgresSchemas(url, "bench_flow")
+        run_url, schema = schemas.url()
+    elif url == "sqlite://":
+        run_url = f"sqlite:///{tempfile.mkdtemp(prefix='taskmill-flow-')}/tasks.db"
+    tm = Taskmill(run_url, plugins=False, auto_migrate=True)
+    tm.register("noop", noop)
     spans: dict[str, list[tuple[float, float, int]]] = {"claim": [], "finish": []}
     try:
         async with tm:
-            await ab.enqueue_noops(tm, tasks)
+            await enqueue_all(tm, "noop", tasks, 1000)
             store = tm.storage
             claim_batch, finish_batch_applied = store.claim_batch, store.finish_batch_applied
 
@@ -81,12 +71,7 @@ async def one_run(url: str, tasks: int, setting: str) -> dict[str, Any]:
 
             store.claim_batch = claim  # type: ignore[method-assign]
             store.finish_batch_applied = finish  # type: ignore[method-assign]
-            worker = tm.worker(
-                concurrency=int(concurrency),
-                prefetch=int(prefetch),
-                finish_window=float(window),
-                handle_signals=False,
-            )
+            worker = tm.worker(**setting.worker_args(), handle_signals=False)
             ticks = _cpu_ticks()
             started = time.perf_counter()
             await worker.run_until_idle()
@@ -95,12 +80,8 @@ async def one_run(url: str, tasks: int, setting: str) -> dict[str, Any]:
             if worker.processed != tasks:
                 raise RuntimeError(f"{worker.processed} of {tasks} processed")
     finally:
-        if schema is not None:
-            admin = await asyncpg.connect(ab.plain_dsn(url))
-            try:
-                await admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-            finally:
-                await admin.close()
+        if schemas is not None and schema is not None:
+            await schemas.drop(schema)
     wall = ended - started
     # Sweep the calls' starts and ends: how long each (claim?, finish?) state lasted.
     edges = sorted(
@@ -127,10 +108,8 @@ async def one_run(url: str, tasks: int, setting: str) -> dict[str, Any]:
     states["neither"] += max(0.0, ended - last)
     all_ticks, idle_ticks = after[0] - ticks[0], after[1] - ticks[1]
     out: dict[str, Any] = {
-        "setting": setting,
         "tasks_per_s": tasks / wall,
         "machine_busy": 1 - idle_ticks / max(all_ticks, 1),
-        "load": os.getloadavg()[0],
     }
     for kind, calls in spans.items():
         busy = sum(b - a for a, b, _ in calls)
@@ -146,35 +125,34 @@ async def main() -> None:
     parser.add_argument("--url", required=True, help="a store URL (sqlite:// for a fresh file)")
     parser.add_argument("--tasks", type=int, default=30_000)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--setting", action="append", help="concurrency:prefetch:finish_window")
-    parser.add_argument("--results-dir", type=Path, default=BENCH_DIR / "results")
+    parser.add_argument(
+        "--setting", action="append",
+        help="concurrency:prefetch:finish_window (P or W `default`: the worker's own)",
+    )  # fmt: skip
+    parser.add_argument("--results-dir", type=Path, default=harness.RESULTS_DIR)
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
-    settings = args.setting or ["100:1000:0.002"]
-    runs = []
+    settings = [Setting.parse(s) for s in args.setting or ["100:1000:0.002"]]
+    recorder = Recorder("worker-flow", results_dir=args.results_dir, enabled=not args.no_record)
     for number in range(1, args.rounds + 1):
         for setting in settings:
+            load, date = load_1min(), now_iso()
             run = await one_run(args.url, args.tasks, setting)
-            runs.append({"round": number, **run})
+            params = {
+                "backend": harness.backend_of(args.url),
+                "url": harness.redact(args.url),
+                "tasks": args.tasks,
+                **setting.params(),
+            }
+            recorder.record(setting.label, run, params=params, round=number, load=load, date=date)
             print(
-                f"round {number} {setting}: {run['tasks_per_s']:,.0f} tasks/s; in flight:"
+                f"round {number} {setting.label}: {run['tasks_per_s']:,.0f} tasks/s; in flight:"
                 f" claim {run['claim_in_flight']:.0%}, finish {run['finish_in_flight']:.0%},"
                 f" both {run['share_both']:.0%}, neither {run['share_neither']:.0%};"
-                f" machine busy {run['machine_busy']:.0%}",
+                f" machine busy {run['machine_busy']:.0%}, load {load:.2f}",
                 flush=True,
             )
-    medians = ab.medians_by(runs, "setting")
-    if not args.no_record:
-        record = {
-            "benchmark": "worker-flow",
-            "date": datetime.now(UTC).isoformat(timespec="seconds"),
-            "url": args.url.split("@")[-1],
-            "tasks": args.tasks,
-            "runs": runs,
-            "medians": medians,
-            "machine": ab.machine_line(),
-        }
-        ab.write_record(args.results_dir, "worker-flow", record)
+    recorder.done()
 
 
 if __name__ == "__main__":

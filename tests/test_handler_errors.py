@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import pytest
 from taskmill import Context, Fail, InvalidHandler, Retry, Taskmill, TaskStatus
@@ -58,7 +59,7 @@ def test_handlers_that_take_ctx_and_params_in_any_form_are_accepted() -> None:
     tm = Taskmill("memory://", plugins=False)
     tm.register("object", Callable_())
     tm.register("defaults", with_options)
-    tm.register("varargs", lambda *args: None)
+    tm.register("varargs", cast(Callable[..., None], lambda *args: None))
     tm.register("partial", functools.partial(bound, "x"))
     assert len(tm.registry) == 4
 
