@@ -9,6 +9,7 @@ See docs/service.md.
 
 from typing import TYPE_CHECKING, Any
 
+from taskmill_http.allowlist import HandlerHosts, HostNotAllowed
 from taskmill_http.errors import (
     LeaseLost,
     PermissionDenied,
@@ -21,6 +22,7 @@ from taskmill_http.tokens import ADMIN, TOKENS_ENV, Caller, Tokens
 
 if TYPE_CHECKING:
     from taskmill_http.client import Client
+    from taskmill_http.events_client import Subscription
     from taskmill_http.handler import HttpHandler
     from taskmill_http.service import Limits, Service, create_app
 
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
 # the dashboard, and a worker process (which loads this plugin) needs none of them.
 _LAZY = {
     "Client": "taskmill_http.client",
+    "Subscription": "taskmill_http.events_client",
     "HttpHandler": "taskmill_http.handler",
     "Limits": "taskmill_http.service",
     "Service": "taskmill_http.service",
@@ -51,6 +54,8 @@ __all__ = [
     "TOKENS_ENV",
     "Caller",
     "Client",
+    "HandlerHosts",
+    "HostNotAllowed",
     "HttpHandler",
     "LeaseLost",
     "Limits",
@@ -58,6 +63,7 @@ __all__ = [
     "Service",
     "ServiceError",
     "StoredHandlers",
+    "Subscription",
     "TaskCancelled",
     "Tokens",
     "Unauthorized",

@@ -21,6 +21,7 @@ from taskmill.model import TaskFilter
 from taskmill.operations import TaskOperations
 
 from taskmill_http import requests as rq
+from taskmill_http.allowlist import HandlerHosts
 from taskmill_http.coalescing import CreateCoalescer
 from taskmill_http.errors import ServiceError
 from taskmill_http.events import EventHub
@@ -52,7 +53,8 @@ class Limits:
 
 
 class Service:
-    """The state behind one app: the ``Taskmill``, the tokens and the limits."""
+    """The state behind one app: the ``Taskmill``, the tokens, the limits and the
+    handler-host allow-list."""
 
     def __init__(
         self,
@@ -61,6 +63,7 @@ class Service:
         limits: Limits,
         *,
         retry_policy: RetryPolicy | None = None,
+        handler_hosts: HandlerHosts | None = None,
     ) -> None:
         self.tm = tm
         self.tokens = tokens
@@ -73,7 +76,7 @@ class Service:
         """Fans the store's events (and in-memory ones) out to the event streams."""
         self.jobs = ExternalJobs(ttl=limits.external_job_ttl, max_jobs=limits.max_external_jobs)
         """The external jobs reported to this process."""
-        self.handlers = stored_handlers(tm)
+        self.handlers = stored_handlers(tm, hosts=handler_hosts)
         """The handlers registered in the store, kept registered in ``tm``'s registry
         (so that enqueueing applies their options, and a worker of ``tm`` serves them)."""
         self.creates = CreateCoalescer(max_batch=limits.max_items)
@@ -81,6 +84,12 @@ class Service:
         (``POST /v1/tasks``: see :mod:`taskmill_http.coalescing`)."""
         self.endpoints: tuple[Endpoint, ...] = ()
         """What the app serves (its route table; the OpenAPI document describes it)."""
+
+    @property
+    def handler_hosts(self) -> HandlerHosts:
+        """Where a handler registered through this service may POST: checked when it is
+        registered, and at every request by a worker of ``tm``, with this same list."""
+        return self.handlers.hosts
 
     def authenticate(self, request: Request) -> Caller:
         """The caller the ``Authorization: Bearer`` header identifies.

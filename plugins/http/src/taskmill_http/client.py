@@ -4,6 +4,20 @@ The methods take the arguments of ``tm.for_app(app_id)``'s, return the same task
 models and raise the same taskmill exceptions (``TaskNotFound``, ``InvalidParams``,
 ``InvalidTaskSpec``, ``InvalidTransition``, ``InvalidCursor``, ``StorageUnavailable``,
 ``WaitTimeout``), mapped from the service's error codes. The app is the token's: it is never sent.
+
+To follow a task you create, subscribe first, then create it: events are delivered from
+the moment the stream is open, so a subscription opened after ``enqueue`` misses the
+task's first events (its ``enqueued``, and on a fast worker more)::
+
+    async with Client("http://127.0.0.1:8080", "s3cret-photos") as client:
+        async with client.subscribe() as events:  # open: nothing from here is missed
+            task = await client.enqueue("resize", {"path": "a.png"})
+            async for event in events:
+                if event.task.id != task.id:
+                    continue
+                print(event.kind, event.task.progress.pct)
+                if event.status.terminal:
+                    break
 """
 
 from __future__ import annotations
@@ -13,7 +27,7 @@ import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from taskmill.errors import (
@@ -36,6 +50,9 @@ from taskmill.serialization import converter, dumps, loads
 
 from taskmill_http.wire import filter_params as filter_params  # re-exported: their old home
 from taskmill_http.wire import raise_for_error as raise_for_error
+
+if TYPE_CHECKING:
+    from taskmill_http.events_client import Subscription
 
 TaskSpecLike = TaskSpec | Mapping[str, Any]
 
@@ -75,7 +92,9 @@ def _filter_body(filter: TaskFilter) -> dict[str, Any]:
 class Client:
     """The service's task operations for the app of ``token``, at ``base_url``.
 
-    Use it as ``async with Client(url, token) as client:``, or call :meth:`aclose`.
+    Use it as ``async with Client(url, token) as client:``, or call :meth:`aclose`. To
+    see every event of a task, :meth:`subscribe` before creating it (see the module
+    docstring).
 
     :param timeout: seconds for each request (the event stream waits without one).
     :param transport: an httpx transport (for tests, or to tune connections).
@@ -248,6 +267,9 @@ class Client:
         iterator of ``TaskEvent`` (break out of it to stop). After a dropped connection
         it reconnects and resumes from the last event it delivered, without a gap.
 
+        The stream opens on the first ``anext()``, and "now" is then: to see the events
+        of a task you are about to create, :meth:`subscribe` first instead.
+
         :param since: start after this position (an ``event.cursor`` seen earlier, or
             an SSE id ``T.L``); default: from now.
         :raises InvalidCursor: on the first ``anext()``, for a position whose cursor the
@@ -256,6 +278,29 @@ class Client:
         from taskmill_http.events_client import task_events
 
         return task_events(self._http, self.base_url, filter, since)
+
+    def subscribe(
+        self, filter: TaskFilter | None = None, *, since: str | None = None
+    ) -> Subscription:
+        """:meth:`events`, opened before your next step: ``async with
+        client.subscribe() as events:`` returns once the service delivers every event
+        from then on, so a task created inside the block is seen from its first event
+        (``enqueued``). Iterate ``events`` as :meth:`events`; leaving the block closes
+        the stream::
+
+            async with client.subscribe() as events:
+                task = await client.enqueue("resize", {"path": "a.png"})
+                async for event in events:
+                    if event.task.id == task.id and event.status.terminal:
+                        break
+
+        :param since: as for :meth:`events`.
+        :raises InvalidCursor: when the block is entered, for a position whose cursor
+            the service's store did not write.
+        """
+        from taskmill_http.events_client import Subscription
+
+        return Subscription(self._http, self.base_url, filter, since)
 
     # -- managing ----------------------------------------------------------------------
 

@@ -1,9 +1,11 @@
 """``taskmill serve``: the service on uvicorn (added through ``taskmill_register_commands``).
 
 ``taskmill serve [--url URL] [--host 127.0.0.1] [--port 8080] [--tokens FILE]
-[--worker]``. The tokens file comes from ``--tokens``, else ``$TASKMILL_TOKENS_FILE``;
-there is no default, so a service never starts open to anyone. SIGINT/SIGTERM stop it
-(uvicorn finishes the requests in flight).
+[--worker] [--handler-hosts HOSTS]``. The tokens file comes from ``--tokens``, else
+``$TASKMILL_TOKENS_FILE``; there is no default, so a service never starts open to
+anyone. The service's own settings (:mod:`taskmill_http.settings`: the handler-host
+allow-list) come from their flags, their variables and the tokens file's ``[service]``
+table. SIGINT/SIGTERM stop it (uvicorn finishes the requests in flight).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from taskmill.app import Taskmill
 from taskmill.errors import ConfigurationError
 from taskmill.plugins import CommandRegistrar
 
+from taskmill_http.settings import ServiceSettings, add_flags
 from taskmill_http.tokens import SESSION_SECRET_ENV, TOKENS_ENV, Tokens
 
 log = logging.getLogger("taskmill.http")
@@ -64,6 +67,7 @@ def add_serve(commands: CommandRegistrar) -> None:
         help="also run a worker in this process (the handlers registered in the store and "
         "those of the installed plugins), with the worker settings",
     )
+    add_flags(cmd)
 
 
 async def serve(args: argparse.Namespace, settings: Any) -> int:
@@ -75,6 +79,8 @@ async def serve(args: argparse.Namespace, settings: Any) -> int:
             '[tokens] "token" = "app_id", or "*" for an admin)'
         )
     tokens = Tokens.from_file(path)
+    own = ServiceSettings.load(args=args, tokens_file=path)
+    handler_hosts = own.handler_host_list()
     # The server's modules load here, not with the command line: every other command
     # (a worker's start, say) would pay for them.
     import uvicorn
@@ -104,6 +110,7 @@ async def serve(args: argparse.Namespace, settings: Any) -> int:
             session_secret=os.environ.get(SESSION_SECRET_ENV) or None,
             # A detached owner's retry waits the backoff the workers use: the same settings.
             retry_policy=worker_options.get("retry_policy"),
+            handler_hosts=handler_hosts,
         )
         config = uvicorn.Config(
             app,
@@ -122,7 +129,8 @@ async def serve(args: argparse.Namespace, settings: Any) -> int:
             running = asyncio.create_task(worker.run())
         print(
             f"taskmill serve: http://{args.host}:{args.port} ({len(tokens)} tokens"
-            f"{', with a worker' if worker else ''}, on {_loop_name()})",
+            f"{', with a worker' if worker else ''}, on {_loop_name()}; handler hosts:"
+            f" {', '.join(handler_hosts.entries) or 'none'})",
             file=sys.stderr,
             flush=True,
         )

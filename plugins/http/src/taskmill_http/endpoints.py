@@ -15,11 +15,12 @@ from taskmill.serialization import to_dict
 from taskmill.storage import HandlerRegistration
 
 from taskmill_http import requests as rq
+from taskmill_http.allowlist import HostNotAllowed
 from taskmill_http.bodies import (
-    HANDLER_CONCURRENCY_MAX,
     AppEventBody,
     CancelBody,
     CancelledCount,
+    ChildSpecBody,
     CleanupBody,
     Deleted,
     DeletedCount,
@@ -62,8 +63,8 @@ def _spec(caller: Caller, body: TaskSpecBody) -> TaskSpec:
     )
 
 
-def _specs(call: Call) -> list[TaskSpec]:
-    bodies = rq.list_body(call.body, TaskSpecBody, call.limits.max_items)
+def _specs(call: Call, cls: type[TaskSpecBody] = TaskSpecBody) -> list[TaskSpec]:
+    bodies = rq.list_body(call.body, cls, call.limits.max_items)
     rq.refuse_app_id(call.caller.app_id, [b.app_id for b in bodies])
     return [_spec(call.caller, b) for b in bodies]
 
@@ -123,7 +124,7 @@ async def task_attempts(call: Call) -> list[Attempt]:
 
 async def create_children(call: Call) -> list[Task]:
     parent_id = call.path("task_id")
-    return await call.ops.batch_children(parent_id, _specs(call))
+    return await call.ops.batch_children(parent_id, _specs(call, ChildSpecBody))
 
 
 async def cancel_tasks(call: Call) -> CancelledCount:
@@ -167,7 +168,6 @@ async def summary(call: Call) -> Summary:
 
 async def cleanup(call: Call) -> DeletedCount:
     body = rq.body_as(call.body, CleanupBody)
-    rq.check_seconds("older_than_seconds", body.older_than_seconds, low=0)
     deleted = await call.service.tm.cleanup(
         timedelta(seconds=body.older_than_seconds), include_failed=body.include_failed
     )
@@ -220,7 +220,6 @@ async def events(call: Call) -> Response:
 async def publish_app_event(call: Call) -> Published:
     body = rq.body_as(call.body, AppEventBody)
     rq.refuse_app_id(call.caller.app_id, [body.app_id])
-    rq.check_identifier("kind", body.kind)
     app_id = _named_app(call, body.app_id)
     data = {"app_id": app_id, "kind": body.kind, "scope": body.scope, "payload": body.payload}
     await call.service.hub.start()
@@ -283,17 +282,13 @@ def _handler_key(call: Call, named: str | None) -> tuple[str | None, str]:
 
 
 async def put_handler(call: Call) -> HandlerRegistration:
-    body = rq.body_as(call.body, HandlerBody)
+    body = rq.body_as(call.body, HandlerBody)  # the URL's shape and the concurrency
     app_id, task_type = _handler_key(call, body.app_id)
-    if not body.url.startswith(("http://", "https://")) or len(body.url) > 2000:
-        raise ServiceError(
-            422, "invalid_body", "url must be an http:// or https:// URL", field="url"
-        )
     # Stored as it is, not through Taskmill.handler: the same checks of the options.
     validation.check_timeout(body.timeout)
     if body.max_retries is not None:
         validation.check_int("max_retries", body.max_retries, 0, validation.MAX_RETRIES_MAX)
-    rq.check_int("concurrency", body.concurrency, 1, HANDLER_CONCURRENCY_MAX)
+    await _check_handler_host(call, body.url)
     registration = HandlerRegistration(
         task_type=task_type,
         url=body.url,
@@ -305,6 +300,21 @@ async def put_handler(call: Call) -> HandlerRegistration:
     stored = await call.service.tm.storage.put_handler_registration(registration)
     await call.service.handlers.refresh()
     return stored
+
+
+async def _check_handler_host(call: Call, url: str) -> None:
+    """:raises ServiceError: 422 ``handler_host_not_allowed`` for a URL whose host the
+    service's allow-list refuses (an address outside it, or a name that resolves to
+    one). A name off the list that does not resolve here is left to the workers, which
+    resolve it where they run and check it at every call (their network may know it)."""
+    from taskmill_http.handler import url_route
+
+    try:
+        await url_route(call.service.handler_hosts, url)
+    except HostNotAllowed as exc:
+        raise ServiceError(422, "handler_host_not_allowed", str(exc), field="url") from None
+    except OSError:
+        pass
 
 
 async def list_handlers(call: Call) -> list[HandlerRegistration]:

@@ -17,6 +17,13 @@ The protocol, for receivers written in any language (also in docs/service.md):
   reaches it as ``409 cancelled`` on its next report.
 - While attached, a cancel (or a suspension, a shutdown, the timeout) aborts the
   in-flight request: the receiver sees its connection closed.
+- A redirect (3xx) is not followed: the task FAILED, naming where it pointed.
+
+With an allow-list (``hosts``, :class:`~taskmill_http.allowlist.HandlerHosts`; every
+handler registered over HTTP has the worker's), each request first checks the URL's
+host: an address outside the list, or a name that resolves to one now, FAILS the
+attempt without a request. A name off the list is resolved once per request and the
+request goes to the addresses checked, not to what the name resolves to by then.
 """
 
 from __future__ import annotations
@@ -34,7 +41,28 @@ from taskmill.proxy import ProxyHandler
 from taskmill.serialization import dumps
 from taskmill.storage import Lease
 
+from taskmill_http.allowlist import HandlerHosts, HostNotAllowed, Route
+
 _ERROR_EXCERPT = 500
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+async def url_route(hosts: HandlerHosts, url: str | httpx.URL) -> Route:
+    """Where a request to ``url`` may go under ``hosts`` (the URL read as httpx reads
+    it to connect: the host checked is the host connected to).
+
+    :raises HostNotAllowed: the URL is not http(s), or ``hosts`` refuses its host.
+    :raises OSError: its host is a name off the list that does not resolve now.
+    """
+    try:
+        parsed = url if isinstance(url, httpx.URL) else httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise HostNotAllowed(f"the handler URL {str(url)!r} is not a URL: {exc}") from None
+    scheme = parsed.scheme
+    if scheme not in _DEFAULT_PORTS or not parsed.raw_host:
+        raise HostNotAllowed(f"the handler URL {str(url)!r} is not an http(s) URL with a host")
+    host = parsed.raw_host.decode("ascii")
+    return await hosts.route(host, parsed.port or _DEFAULT_PORTS[scheme])
 
 
 def lease_token(lease: Lease) -> str:
@@ -47,7 +75,7 @@ def lease_token(lease: Lease) -> str:
 def parse_lease(task_id: str, token: str) -> Lease | None:
     """The lease ``token`` stands for on ``task_id``; None when it is malformed."""
     attempt, _, worker_id = token.partition(":")
-    if not attempt.isdigit() or len(attempt) > 9 or not worker_id:
+    if not (attempt.isascii() and attempt.isdigit()) or len(attempt) > 9 or not worker_id:
         return None
     return Lease(task_id=task_id, worker_id=worker_id, attempt=int(attempt))
 
@@ -87,6 +115,8 @@ class HttpHandler(ProxyHandler["asyncio.Task[httpx.Response]"]):
     :param connect_timeout: seconds to connect; a receiver that cannot be reached is a
         retried failure. Waiting for the answer is bounded by the handler's
         ``timeout`` only.
+    :param hosts: the hosts it may POST to, checked at every request (see the module
+        docstring); None (the default for a handler registered in code): any.
     """
 
     def __init__(
@@ -95,12 +125,14 @@ class HttpHandler(ProxyHandler["asyncio.Task[httpx.Response]"]):
         *,
         headers: dict[str, str] | None = None,
         connect_timeout: float = 10.0,
+        hosts: HandlerHosts | None = None,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"an HttpHandler URL is http:// or https://, got {url!r}")
         self.url = url
         self.headers = dict(headers or {})
         self.connect_timeout = connect_timeout
+        self.hosts = hosts
         self.cancel_grace = 0.0
         self._client: httpx.AsyncClient | None = None
 
@@ -112,7 +144,9 @@ class HttpHandler(ProxyHandler["asyncio.Task[httpx.Response]"]):
         client = self._client
         if client is None or client.is_closed:
             timeout = httpx.Timeout(None, connect=self.connect_timeout)
-            client = self._client = httpx.AsyncClient(timeout=timeout, trust_env=False)
+            client = self._client = httpx.AsyncClient(
+                timeout=timeout, trust_env=False, follow_redirects=False
+            )
         return client
 
     async def aclose(self) -> None:
@@ -124,12 +158,44 @@ class HttpHandler(ProxyHandler["asyncio.Task[httpx.Response]"]):
         """Start the request; the attempt's outcome is its answer."""
         body = dumps(request_body(ctx.task))
         headers = {**self.headers, "Content-Type": "application/json"}
-        return asyncio.create_task(self._http().post(self.url, content=body, headers=headers))
+        if self.hosts is None:
+            return asyncio.create_task(self._http().post(self.url, content=body, headers=headers))
+        return asyncio.create_task(self._checked_post(self.hosts, body, headers))
+
+    async def _checked_post(
+        self, hosts: HandlerHosts, body: str, headers: dict[str, str]
+    ) -> httpx.Response:
+        """POST ``body`` where ``hosts`` lets the URL go: as it is (an address or a name
+        on the list), else to each checked address of its name in turn (the ``Host``
+        header and the TLS server name still the name's), never resolving it again."""
+        url = httpx.URL(self.url)
+        route = await url_route(hosts, url)
+        if not route.addresses:
+            return await self._http().post(url, content=body, headers=headers)
+        pinned = {**headers, "Host": url.netloc.decode("ascii")}
+        extensions = {"sni_hostname": route.host} if url.scheme == "https" else {}
+        failure: httpx.ConnectError | None = None
+        for address in route.addresses:
+            try:
+                return await self._http().post(
+                    url.copy_with(host=address),
+                    content=body,
+                    headers=pinned,
+                    extensions=extensions,
+                )
+            except httpx.ConnectError as exc:
+                failure = exc  # the next address, as a client tries a name's addresses
+        assert failure is not None
+        raise failure
 
     async def receive(self, ctx: Context, handle: asyncio.Task[httpx.Response]) -> JSON:
         """Wait for the answer and map it to the attempt's outcome."""
         try:
             response = await handle
+        except HostNotAllowed as exc:
+            raise Fail(f"not sent: {exc}") from None
+        except OSError as exc:  # the name did not resolve: perhaps for a moment
+            raise ProxyError(f"cannot resolve the host of {self.url}: {exc}") from None
         except httpx.TimeoutException as exc:
             raise ProxyError(f"{self.url} did not answer: {type(exc).__name__}") from None
         except httpx.TransportError as exc:
@@ -137,6 +203,12 @@ class HttpHandler(ProxyHandler["asyncio.Task[httpx.Response]"]):
         status = response.status_code
         if status == 202:
             raise Detached(f"{self.url} took the attempt over (202 Accepted)")
+        if 300 <= status < 400:
+            where = response.headers.get("location", "nowhere")
+            raise Fail(
+                f"{self.url} answered {status}, a redirect to {where[:_ERROR_EXCERPT]!r},"
+                " which is not followed: register the URL that answers"
+            )
         if status == 200:
             if not response.content.strip():
                 return None

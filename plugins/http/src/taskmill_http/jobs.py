@@ -19,9 +19,10 @@ from typing import Any, Literal
 import attrs
 from taskmill.model import Progress, TaskStatus
 from taskmill.storage import utcnow
+from taskmill.validation import APP_ID_MAX, USER_ID_MAX
 
+from taskmill_http.bodies import NUMBER_MAX, SECONDS_MAX, checked, key_limits
 from taskmill_http.errors import ServiceError
-from taskmill_http.requests import MAX_SECONDS
 
 
 @attrs.frozen
@@ -52,10 +53,16 @@ class ProgressBody:
     owner's estimate of the seconds left. A field left out keeps its value (a new job:
     0 done, no total, no message, no estimate)."""
 
-    done: float | None = None
-    total: float | None = None
+    done: float | None = attrs.field(
+        default=None, metadata=checked(minimum=-NUMBER_MAX, maximum=NUMBER_MAX)
+    )
+    total: float | None = attrs.field(
+        default=None, metadata=checked(exclusiveMinimum=0, maximum=NUMBER_MAX)
+    )
     message: str | None = None
-    eta_seconds: float | None = None
+    eta_seconds: float | None = attrs.field(
+        default=None, metadata=checked(minimum=0, maximum=SECONDS_MAX)
+    )
 
 
 @attrs.frozen
@@ -67,8 +74,8 @@ class UpsertJobBody:
     status: TaskStatus | None = None
     progress: ProgressBody | None = None
     data: dict[str, Any] | None = None
-    app_id: str | None = None
-    user_id: str | None = None
+    app_id: str | None = attrs.field(default=None, metadata=key_limits(APP_ID_MAX))
+    user_id: str | None = attrs.field(default=None, metadata=key_limits(USER_ID_MAX))
 
 
 @attrs.frozen
@@ -81,23 +88,9 @@ class CompleteJobBody:
 
 
 def _progressed(job: ExternalJob, body: ProgressBody) -> ExternalJob:
-    """``job`` with the progress fields ``body`` names (the others kept).
-
-    :raises ServiceError: 422 naming a number out of range.
-    """
-    for name, value in (("done", body.done), ("total", body.total)):
-        if value is not None and not -1e15 <= value <= 1e15:
-            raise ServiceError(422, "invalid_body", f"progress {name} is out of range", field=name)
-    if body.total is not None and body.total <= 0:
-        raise ServiceError(422, "invalid_body", "progress total must be > 0", field="total")
+    """``job`` with the progress fields ``body`` names (the others kept; their ranges
+    were checked when the body was structured)."""
     eta = body.eta_seconds
-    if eta is not None and not 0 <= eta <= MAX_SECONDS:
-        raise ServiceError(
-            422,
-            "invalid_body",
-            f"eta_seconds must be between 0 and {MAX_SECONDS:g}",
-            field="eta_seconds",
-        )
     old = job.progress
     progress = Progress(
         done=old.done if body.done is None else body.done,

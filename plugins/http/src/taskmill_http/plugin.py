@@ -4,7 +4,9 @@
 
 - Every worker serves the handlers registered in the store (``PUT /v1/handlers``): they
   are registered as :class:`~taskmill_http.HttpHandler` when the worker starts and kept
-  in step while it runs (see :mod:`taskmill_http.stored`). ``worker.tick()`` fires no
+  in step while it runs (see :mod:`taskmill_http.stored`), each POSTing only to the
+  hosts of the worker's allow-list (``$TASKMILL_HANDLER_HOSTS``, else loopback only;
+  :attr:`HttpPlugin.handler_hosts` in code). ``worker.tick()`` fires no
   worker hooks: a loop that only ticks calls
   ``await taskmill_http.stored_handlers(tm).refresh()`` itself.
 """
@@ -15,6 +17,7 @@ from taskmill import hookimpl
 from taskmill.plugins import CommandRegistrar
 from taskmill.worker import Worker
 
+from taskmill_http.allowlist import HandlerHosts
 from taskmill_http.commands import add_serve
 from taskmill_http.stored import stored_handlers
 
@@ -24,6 +27,10 @@ class HttpPlugin:
 
     refresh_interval: float | None = None
     """Seconds between reads of the stored registrations (None: the default, 1 s)."""
+    handler_hosts: HandlerHosts | None = None
+    """The allow-list of the stored handlers' requests (None: ``$TASKMILL_HANDLER_HOSTS``,
+    else loopback only; a ``Taskmill`` whose service ``create_app`` made keeps the
+    service's)."""
 
     @hookimpl
     def taskmill_register_commands(self, commands: CommandRegistrar) -> None:
@@ -33,7 +40,10 @@ class HttpPlugin:
     @hookimpl
     async def taskmill_worker_started(self, worker: Worker) -> None:
         """Register the stored HTTP handlers before the worker's first claim."""
-        await stored_handlers(worker.taskmill, interval=self.refresh_interval).start()
+        handlers = stored_handlers(
+            worker.taskmill, interval=self.refresh_interval, hosts=self.handler_hosts
+        )
+        await handlers.start()
 
     @hookimpl
     async def taskmill_worker_stopped(self, worker: Worker) -> None:

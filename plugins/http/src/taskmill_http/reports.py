@@ -57,11 +57,7 @@ async def report_progress(call: Call) -> Task:
         await tm.report_detached(lease, FinishKind.RELEASE, reason=stop)
         raise ServiceError(409, "cancelled", f"task {task.id} was asked to stop ({stop.value})")
     progress = None
-    if body.done is not None:
-        if not rq.finite(body.done) or (body.total is not None and not rq.finite(body.total)):
-            raise ServiceError(422, "invalid_body", "done and total must be finite numbers")
-        if body.total is not None and body.total <= 0:
-            raise ServiceError(422, "invalid_body", "total must be > 0")
+    if body.done is not None:  # done, total and message are in range (ProgressReport)
         total = task.progress.total if body.total is None else body.total
         progress = Progress(done=body.done, total=total, message=body.message)
     data = None if body.data is None else {**task.data, **body.data}
@@ -73,7 +69,6 @@ async def report_progress(call: Call) -> Task:
 async def report_status(call: Call) -> Task:
     body = rq.body_as(call.body, StatusReport)
     task, lease = await _held(call, body.lease)
-    rq.check_seconds("retry_in", body.retry_in, low=0)
     stored = await call.service.tm.report_detached(
         lease,
         REPORTED[body.status],

@@ -10,8 +10,8 @@ refusals as 422 with the same ``field``.
 from __future__ import annotations
 
 import base64
-import binascii
 import json
+import re
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TypeVar
@@ -26,14 +26,24 @@ from taskmill.validation import (
     USER_ID_MAX,
 )
 
-from taskmill_http.bodies import BodyError, structure
+from taskmill_http.bodies import IDENTIFIER_MAX, NO_NUL, SECONDS_MAX, BodyError, structure
 from taskmill_http.errors import ServiceError
 
 T = TypeVar("T")
 
-MAX_IDENTIFIER = 200
-"""The longest other name in a path or query parameter (a cursor, an event position,
-an external job's id, an app event's kind)."""
+MAX_IDENTIFIER = IDENTIFIER_MAX
+"""The longest other name in a path or query parameter (an event position, an external
+job's id)."""
+CURSOR_MAX = -(-(1 + 4 * TASK_ID_MAX) * 4 // 3)
+"""The longest listing cursor: the unpadded base64 of ``k`` and a task id of
+``TASK_ID_MAX`` characters of 4 UTF-8 bytes each."""
+_B64 = "[A-Za-z0-9_-]"
+CURSOR = f"a[w-z0-9_-](?:(?:{_B64}{{4}})*{_B64}{{1,2}}|(?:{_B64}{{4}})+)"
+"""What a listing cursor looks like (:func:`encode_cursor`): unpadded URL-safe base64
+(never of a length that leaves 6 bits over) of ``k`` and a task id, so it starts with
+``a`` and one of ``w-z0-9_-``. Any text of this shape decodes to a task id."""
+INTEGER = "[0-9]+"
+"""An integer query parameter: ASCII digits, nothing else (no sign, no spaces)."""
 KEY_MAX: dict[str, int] = {
     "task_type": TASK_TYPE_MAX,
     "task_types": TASK_TYPE_MAX,
@@ -42,16 +52,24 @@ KEY_MAX: dict[str, int] = {
     "dedupe_key": DEDUPE_KEY_MAX,
     "parent_id": TASK_ID_MAX,
     "task_id": TASK_ID_MAX,
+    "cursor": CURSOR_MAX,
 }
 """The longest value of each key a path or query parameter names: the core's limits
 (a longer one names nothing any store holds)."""
-MAX_SECONDS = 100 * 365 * 86400.0
+MAX_SECONDS = SECONDS_MAX
 """The longest retention age or retry delay (100 years) a request may name."""
 
 
 def max_length(name: str) -> int:
     """The longest value the path or query parameter ``name`` takes."""
     return KEY_MAX.get(name, MAX_IDENTIFIER)
+
+
+def text_schema(name: str) -> dict[str, Any]:
+    """The JSON Schema of the path or query parameter ``name``: a string of at most
+    :func:`max_length` characters without NUL, as :func:`query_one`,
+    :func:`query_values` and :func:`check_identifier` take it."""
+    return {"type": "string", "maxLength": max_length(name), "pattern": f"^{NO_NUL}$"}
 
 
 def _refuse_constant(name: str) -> Any:
@@ -63,7 +81,7 @@ async def read_json(request: Request, max_bytes: int, *, required: bool = True) 
 
     :raises ServiceError: 413 past ``max_bytes``, 400 when it is not JSON (NaN and
         Infinity included) or holds a lone surrogate, 422 when a required body is
-        empty.
+        empty, or an optional one is ``null`` (leave the body out instead).
     """
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > max_bytes:
@@ -89,6 +107,12 @@ async def read_json(request: Request, max_bytes: int, *, required: bool = True) 
             raise ServiceError(
                 400, "invalid_json", "the body holds a lone surrogate (\\ud800-\\udfff)"
             ) from None
+    if value is None:
+        # Not "no body": an optional body is left out, or is what its schema says.
+        hint = "send" if required else "leave the body out, or send"
+        raise ServiceError(
+            422, "invalid_body", f"the body is null; {hint} the JSON this endpoint takes"
+        )
     return value
 
 
@@ -143,47 +167,29 @@ def check_identifier(name: str, value: str | None) -> None:
         )
 
 
-def check_int(name: str, value: int | None, low: int, high: int) -> None:
-    """:raises ServiceError: 422 when ``value`` is outside ``[low, high]``."""
-    if value is not None and not low <= value <= high:
-        raise ServiceError(
-            422, "invalid_body", f"{name} must be between {low} and {high}", field=name
-        )
-
-
-def finite(value: float) -> bool:
-    """True for a number a store can keep (not NaN, not infinite, not absurd)."""
-    return -1e15 <= value <= 1e15
-
-
-def check_seconds(name: str, value: float | None, *, low: float = -MAX_SECONDS) -> None:
-    """:raises ServiceError: 422 for a duration outside ``[low, 100 years]``."""
-    if value is not None and not low <= value <= MAX_SECONDS:
-        raise ServiceError(
-            422,
-            "invalid_body",
-            f"{name} must be between {low:g} and {MAX_SECONDS:g} seconds",
-            field=name,
-        )
-
-
 # -- query parameters -------------------------------------------------------------------
 
 
 def query_values(request: Request, name: str) -> list[str]:
-    """Every value of a repeatable parameter (``?status=a&status=b`` or ``a,b``)."""
+    """Every value of a repeatable parameter (``?status=a&status=b`` or ``a,b``; empty
+    ones skipped). Each value as sent (commas and all) is checked as
+    :func:`text_schema` states: at most :func:`max_length` characters, no NUL."""
     values: list[str] = []
     for raw in request.query_params.getlist(name):
-        values.extend(v for v in raw.split(",") if v)
-    for value in values:
-        if "\x00" in value or len(value) > max_length(name):
+        if "\x00" in raw or len(raw) > max_length(name):
             raise ServiceError(
                 422,
                 "invalid_query",
                 f"{name}: a value is over {max_length(name)} characters or has a NUL",
                 field=name,
             )
+        values.extend(v for v in raw.split(",") if v)
     return values
+
+
+STATUSES = "|".join(s.value for s in TaskStatus)
+STATUS_LIST = f"(?:{STATUSES})(?:,(?:{STATUSES}))*"
+"""A value of the ``status`` parameter: one status, or several separated by commas."""
 
 
 def query_one(request: Request, name: str) -> str | None:
@@ -203,16 +209,20 @@ def query_one(request: Request, name: str) -> str | None:
 
 
 def query_statuses(request: Request) -> tuple[TaskStatus, ...] | None:
-    values = query_values(request, "status")
-    if not values:
+    """The ``status`` parameter's statuses (None without one); each value sent is
+    :data:`STATUS_LIST`."""
+    raw = request.query_params.getlist("status")
+    if not raw:
         return None
-    try:
-        return tuple(TaskStatus(v) for v in values)
-    except ValueError:
+    if not all(re.fullmatch(STATUS_LIST, value) for value in raw):
         choices = ", ".join(s.value for s in TaskStatus)
         raise ServiceError(
-            422, "invalid_query", f"status must be one of {choices}", field="status"
-        ) from None
+            422,
+            "invalid_query",
+            f"status must be one of {choices} (several: repeat it, or separate with commas)",
+            field="status",
+        )
+    return tuple(TaskStatus(v) for value in raw for v in value.split(","))
 
 
 def query_datetime(request: Request, name: str) -> datetime | None:
@@ -239,10 +249,7 @@ def query_int(request: Request, name: str, default: int, low: int, cap: int) -> 
     value = query_one(request, name)
     if value is None:
         return default
-    try:
-        number = int(value)
-    except ValueError:
-        number = low - 1
+    number = int(value) if re.fullmatch(INTEGER, value) else low - 1
     if number < low:
         raise ServiceError(
             422, "invalid_query", f"{name} must be an integer of at least {low}", field=name
@@ -263,20 +270,21 @@ def encode_cursor(last_task_id: str) -> str:
 def decode_cursor(request: Request) -> str | None:
     """The task id the ``cursor`` parameter stands for (None without one).
 
-    :raises ServiceError: 422 for a cursor this service did not hand out.
+    Every text of the cursor's shape (:data:`CURSOR`) stands for some task id (bytes
+    that are not UTF-8 decode with U+FFFD): one this service did not hand out names no
+    stored task, and the listing answers it as it answers a cursor whose task is gone.
+
+    :raises ServiceError: 422 for a text that is not of the cursor's shape.
     """
     value = query_one(request, "cursor")
     if value is None:
         return None
-    try:
-        text = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).decode()
-        if text.startswith("k") and 1 < len(text) <= 257 and text.isprintable():
-            return text[1:]
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        pass
-    raise ServiceError(
-        422, "invalid_query", "cursor is not one this service handed out", field="cursor"
-    )
+    if re.fullmatch(CURSOR, value) is None:
+        raise ServiceError(
+            422, "invalid_query", "cursor is not one this service handed out", field="cursor"
+        )
+    raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+    return raw[1:].decode("utf-8", "replace")  # raw[0] is b"k": the shape says so
 
 
 def ensure_own_app(caller_app: str | None, named: str | None) -> None:

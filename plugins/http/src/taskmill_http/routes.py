@@ -20,6 +20,7 @@ from taskmill_http.bodies import (
     AppEventBody,
     CancelBody,
     CancelledCount,
+    ChildSpecBody,
     CleanupBody,
     Deleted,
     DeletedCount,
@@ -35,6 +36,7 @@ from taskmill_http.bodies import (
     SuspendResult,
     TaskPage,
     TaskSpecBody,
+    anchored,
 )
 from taskmill_http.calls import Endpoint as Endpoint  # re-exported: their old home
 from taskmill_http.calls import Handler as Handler
@@ -77,9 +79,9 @@ def path_params(request: Request) -> dict[str, str]:
 
 
 def _text(name: str) -> dict[str, Any]:
-    """The schema of the path or query parameter ``name``: a string of at most the
-    length the service takes (the core's limit for a key)."""
-    return {"type": "string", "maxLength": rq.max_length(name)}
+    """The schema of the path or query parameter ``name``: a string without NUL of at
+    most the length the service takes (the core's limit for a key)."""
+    return rq.text_schema(name)
 
 
 def _name(name: str) -> dict[str, Any]:
@@ -95,7 +97,7 @@ TASK_TYPE = Param("task_type", _name("task_type"), "the task type the handler se
 FILTER_PARAMS = (
     Param(
         "status",
-        {"type": "array", "items": {"$ref": "#/components/schemas/TaskStatus"}},
+        {"type": "array", "items": {"type": "string", "pattern": anchored(rq.STATUS_LIST)}},
         "only tasks in these statuses (repeat it, or separate with commas)",
         repeated=True,
     ),
@@ -150,8 +152,18 @@ TASK_ENDPOINTS: tuple[Endpoint, ...] = (
         returns=TaskPage,
         params=(
             *FILTER_PARAMS,
-            Param("limit", {"type": "integer", "minimum": 1}, "page size (default 100)"),
-            Param("cursor", _name("cursor"), "the next_cursor of the previous page"),
+            Param(
+                "limit",
+                {"type": "integer", "minimum": 1},
+                "page size (default 100; a larger one than the service serves is taken as"
+                " its largest)",
+            ),
+            Param(
+                "cursor",
+                {**_name("cursor"), "pattern": anchored(rq.CURSOR)},
+                "the next_cursor of the previous page (an opaque token: one of another"
+                " shape is a 422, one whose task is gone a 410)",
+            ),
         ),
         errors=(403, 410),
     ),
@@ -200,7 +212,7 @@ TASK_ENDPOINTS: tuple[Endpoint, ...] = (
         "Create children of a task (all or none)",
         list[Task],
         status=201,
-        body=list[TaskSpecBody],
+        body=list[ChildSpecBody],
         params=(TASK_ID,),
         errors=(404,),
     ),

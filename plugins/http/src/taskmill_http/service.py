@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
@@ -32,6 +32,7 @@ from taskmill.serialization import converter as model_converter
 from taskmill.serialization import dumps
 
 from taskmill_http import requests as rq
+from taskmill_http.allowlist import HandlerHosts
 from taskmill_http.calls import Call as Call  # re-exported: their old home
 from taskmill_http.calls import Endpoint
 from taskmill_http.calls import Limits as Limits
@@ -134,6 +135,7 @@ def create_app(
     dashboard: bool = True,
     session_secret: str | None = None,
     retry_policy: RetryPolicy | None = None,
+    handler_hosts: HandlerHosts | Iterable[str] | None = None,
 ) -> Starlette:
     """The ASGI app of the service, for ``tm`` (an open ``Taskmill``, whose lifecycle
     stays the caller's) and ``tokens`` (a :class:`~taskmill_http.Tokens`, or a dict of
@@ -150,10 +152,21 @@ def create_app(
     names no ``retry_in``: give the one of the workers that serve the tasks (``taskmill
     serve`` gives the one its ``retry_*`` settings make); None is ``RetryPolicy()``, the
     default of a worker (see :meth:`taskmill.Taskmill.report_detached`).
+
+    ``handler_hosts`` is the allow-list of the hosts a handler registered with ``PUT
+    /v1/handlers/{task_type}`` may POST to (a :class:`~taskmill_http.HandlerHosts`, or
+    its entries: host names, ``*.suffix`` wildcards, IP addresses, CIDR networks, ``*``);
+    None: ``$TASKMILL_HANDLER_HOSTS``, else loopback only. A registration outside it is
+    refused (422 ``handler_host_not_allowed``), and a worker of ``tm`` checks every
+    request against it (docs/service.md, "Handler hosts").
     """
     if not isinstance(tokens, Tokens):
         tokens = Tokens(tokens)
-    service = Service(tm, tokens, limits or Limits(), retry_policy=retry_policy)
+    if handler_hosts is not None and not isinstance(handler_hosts, HandlerHosts):
+        handler_hosts = HandlerHosts(handler_hosts, source="create_app(handler_hosts=...)")
+    service = Service(
+        tm, tokens, limits or Limits(), retry_policy=retry_policy, handler_hosts=handler_hosts
+    )
     endpoints = (*ENDPOINTS, openapi_endpoint(ENDPOINTS))
     service.endpoints = endpoints
 

@@ -7,6 +7,10 @@ store's :class:`~taskmill.storage.HandlerRegistration` records: an
 registration made through any service replica reaches every worker within it), and
 whenever the service changes one in this process. A registration whose key already has
 a handler registered in code is skipped, with a warning: code wins.
+
+Each handler checks the handler-host allow-list (:attr:`StoredHandlers.hosts`) at
+every request: the list of this process (``$TASKMILL_HANDLER_HOSTS``, else loopback
+only; ``create_app`` gives the service's), whatever list the registering service had.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from typing import Any
 from taskmill.app import Taskmill
 from taskmill.errors import HandlerConflict
 from taskmill.storage import HandlerKey, HandlerRegistration
+
+from taskmill_http.allowlist import HandlerHosts
 
 log = logging.getLogger("taskmill.http.handlers")
 
@@ -41,14 +47,41 @@ def _options(r: HandlerRegistration) -> tuple[object, ...]:
 class StoredHandlers:
     """The stored registrations of one ``Taskmill``, kept registered in its registry."""
 
-    def __init__(self, tm: Taskmill, *, interval: float = DEFAULT_INTERVAL) -> None:
+    def __init__(
+        self,
+        tm: Taskmill,
+        *,
+        interval: float = DEFAULT_INTERVAL,
+        hosts: HandlerHosts | None = None,
+    ) -> None:
         self.tm = tm
         self.interval = interval
+        self._hosts = hosts
         self._served: dict[HandlerKey, HandlerRegistration] = {}
         self._skipped: set[HandlerKey] = set()
         self._users = 0
         self._loop: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+
+    @property
+    def hosts(self) -> HandlerHosts:
+        """The allow-list the handlers check at every request (default: this process's
+        ``$TASKMILL_HANDLER_HOSTS``, else loopback only, read when first needed)."""
+        if self._hosts is None:
+            from taskmill_http.settings import ServiceSettings
+
+            self._hosts = ServiceSettings.from_environment().handler_host_list()
+        return self._hosts
+
+    @hosts.setter
+    def hosts(self, hosts: HandlerHosts) -> None:
+        if hosts == self._hosts:
+            return
+        self._hosts = hosts
+        # Registered again with the new list at the next refresh.
+        for key in list(self._served):
+            self.tm.registry.unregister_source(_source(key))
+            del self._served[key]
 
     @property
     def served(self) -> list[HandlerRegistration]:
@@ -73,7 +106,7 @@ class StoredHandlers:
                 try:
                     registry.register(
                         registration.task_type,
-                        _http_handler(registration.url),
+                        _http_handler(registration.url, self.hosts),
                         app_id=registration.app_id,
                         max_retries=registration.max_retries,
                         timeout=registration.timeout,
@@ -120,19 +153,28 @@ class StoredHandlers:
 _BY_TASKMILL: weakref.WeakKeyDictionary[Taskmill, StoredHandlers] = weakref.WeakKeyDictionary()
 
 
-def stored_handlers(tm: Taskmill, *, interval: float | None = None) -> StoredHandlers:
-    """The one :class:`StoredHandlers` of ``tm`` (made on first use)."""
+def stored_handlers(
+    tm: Taskmill, *, interval: float | None = None, hosts: HandlerHosts | None = None
+) -> StoredHandlers:
+    """The one :class:`StoredHandlers` of ``tm`` (made on first use); ``interval`` and
+    ``hosts``, when given, replace its own."""
     found = _BY_TASKMILL.get(tm)
     if found is None:
-        found = _BY_TASKMILL[tm] = StoredHandlers(tm, interval=interval or DEFAULT_INTERVAL)
-    elif interval is not None:
+        found = _BY_TASKMILL[tm] = StoredHandlers(
+            tm, interval=interval or DEFAULT_INTERVAL, hosts=hosts
+        )
+        return found
+    if interval is not None:
         found.interval = interval
+    if hosts is not None:
+        found.hosts = hosts
     return found
 
 
-def _http_handler(url: str) -> Any:
-    """An :class:`~taskmill_http.HttpHandler` for ``url``; its HTTP client (httpx) is
-    imported with the first stored registration, not with every worker's start."""
+def _http_handler(url: str, hosts: HandlerHosts) -> Any:
+    """An :class:`~taskmill_http.HttpHandler` for ``url`` that POSTs only where
+    ``hosts`` allows; its HTTP client (httpx) is imported with the first stored
+    registration, not with every worker's start."""
     from taskmill_http.handler import HttpHandler
 
-    return HttpHandler(url)
+    return HttpHandler(url, hosts=hosts)
