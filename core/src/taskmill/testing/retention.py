@@ -15,6 +15,8 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
+import attrs
+
 from taskmill.app import Taskmill
 from taskmill.context import Context
 from taskmill.errors import Fail
@@ -202,6 +204,26 @@ class RetentionContract:
         kept = await storage.get(child.id)
         assert kept is not None and kept.parent_id == parent.id
         assert kept.status is TaskStatus.PENDING
+
+    @requires("delete_on_finish")
+    async def test_an_id_enqueued_again_after_its_delete_is_deleted_again(
+        self, storage: TaskStorage
+    ) -> None:
+        """The duplicate-id rule covers stored tasks, not tombstones: an id may be
+        enqueued again once its task is deleted, and deleting it again replaces the
+        tombstone."""
+        first = new_task(params={"run": 1})
+        await storage.enqueue([first])
+        (running,) = await storage.claim_batch(claim())
+        await storage.finish_batch([finish(running, result=1, delete=True)])
+        again = attrs.evolve(new_task(params={"run": 2}), id=first.id)
+        (stored,) = await storage.enqueue([again])
+        assert stored.id == first.id and stored.params == {"run": 2}
+        (running,) = await storage.claim_batch(claim())
+        await storage.finish_batch([finish(running, result=2, delete=True)])
+        assert await storage.get(first.id) is None
+        gone = await storage.deleted_task(first.id)
+        assert gone is not None and (gone.params, gone.result) == ({"run": 2}, 2)
 
     @requires("delete_on_finish")
     async def test_pruning_the_events_removes_the_tombstones(self, storage: TaskStorage) -> None:

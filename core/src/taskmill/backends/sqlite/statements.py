@@ -363,9 +363,10 @@ deleting finish removed the task; else NULLs)."""
 
 def tombstones_sql(rows: int) -> str:
     """Copy the rows of ``rows`` tasks, by seq, into ``tombstones`` (parameters: the
-    deletion time, then the seqs)."""
+    deletion time, then the seqs); the tombstone of an earlier task of the same id (an
+    id enqueued again after its task was deleted) is replaced."""
     return (
-        f"INSERT INTO tombstones (deleted_at, {TASK_COLUMNS}) SELECT ?, {TASK_COLUMNS} "
+        f"INSERT OR REPLACE INTO tombstones (deleted_at, {TASK_COLUMNS}) SELECT ?, {TASK_COLUMNS} "
         f"FROM tasks WHERE seq IN ({marks(rows)})"
     )
 
