@@ -35,7 +35,7 @@ from taskmill.storage import NewTask
 from taskmill_mongo.connection import Connection
 from taskmill_mongo.documents import from_micros, leader_key, task, task_document
 from taskmill_mongo.queries import one_of
-from taskmill_mongo.schema import DEPENDENTS, WAITING, Doc
+from taskmill_mongo.schema import DEPENDENTS, UNLOGGED, WAITING, Doc
 from taskmill_mongo.settlement import DEPENDENCY_CANCEL_PLAN
 from taskmill_mongo.transactions import Raced, Writes, record, reserve, transaction
 
@@ -127,6 +127,7 @@ async def enqueue(conn: Connection, tasks: Sequence[NewTask]) -> list[Task]:
                     blocked_leaders[t.id] = t
             stored.append(t)
             doc = task_document(t, first + i)
+            doc[UNLOGGED] = True
             if waiting:
                 doc[WAITING] = waiting
             docs.append(doc)

@@ -36,7 +36,7 @@ from taskmill.storage import LEASE_FENCE, LEASED_STATUS, Finish, Lease, Progress
 from taskmill_mongo.connection import Connection
 from taskmill_mongo.documents import from_micros, task, task_document
 from taskmill_mongo.queries import RUNNING, eq
-from taskmill_mongo.schema import Doc
+from taskmill_mongo.schema import UNLOGGED, Doc
 from taskmill_mongo.settlement import settle
 from taskmill_mongo.transactions import Nothing, Writes, read, record, replace, transaction
 
@@ -92,7 +92,15 @@ async def finish_batch(conn: Connection, finishes: Sequence[Finish]) -> list[Tas
                 kind = finish_kind(kind, stop_requested=True)
             chosen = _FINISH_PLANS[kind]
             values = finish_values(finish, kind, from_micros(now))
-            new = await settle(db, s, doc, chosen, now, writes, **values)
+            new = await settle(db, s, doc, chosen, now, writes, delete=finish.delete, **values)
+            del held[new.id]
+            results.append(new)
+            if writes.forgotten and new.id in writes.forgotten:
+                # Deleted with its log: this attempt is not logged, and a task whose
+                # document still says it has no log needs no delete of it.
+                if doc.get(UNLOGGED):
+                    writes.unlogged.add(new.id)
+                continue
             outcome = chosen.transition.outcome or finish.outcome
             writes.attempts.append(
                 Attempt(
@@ -105,8 +113,6 @@ async def finish_batch(conn: Connection, finishes: Sequence[Finish]) -> list[Tas
                     error=finish.error if outcome is not AttemptOutcome.COMPLETED else None,
                 )
             )
-            del held[new.id]
-            results.append(new)
         if not writes.events:
             raise Nothing(results)
         await record(db, s, writes, now)

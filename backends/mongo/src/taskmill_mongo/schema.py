@@ -29,6 +29,8 @@ __all__ = [
     "SCHEMA_VERSION",
     "SHARDS",
     "TASK_INDEXES",
+    "TOMBSTONE_INDEXES",
+    "UNLOGGED",
     "WAITING",
     "Doc",
     "change_streams_offered",
@@ -40,7 +42,7 @@ __all__ = [
 
 Doc = dict[str, Any]
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 """The version of the collections and indexes this code creates (``taskmill_meta``).
 
 1. ``tasks``, ``attempts``, ``events``, ``counters``, ``suspensions``, ``handlers``.
@@ -57,6 +59,15 @@ SCHEMA_VERSION: Final = 3
    shard documents. The version makes a process of an older release refuse the database
    rather than number events from the ``events`` counter alone, which the others would
    read before their own.
+
+4. Delete on complete (``Finish.delete``, docs/retention.md): collection
+   ``tombstones``, the last document of each task a finish deleted (``_id`` the task
+   id, so one per task; ``deleted_at``, indexed, for ``prune_events``), and the task
+   field :data:`UNLOGGED`. No rewrite: ``migrate`` creates the collection and its
+   index, here, outside any transaction (a finish's transaction must not be the one
+   that creates it), and a task without the field has its attempt rows deleted. The
+   version makes a process of an older release, which would read the events of a
+   deleted task without its tombstone, refuse the database.
 """
 
 EVENT_SHARDS: Final = 16
@@ -76,6 +87,7 @@ COLLECTIONS: Final = (
     "handlers",
     "dependencies",
     "buckets",
+    "tombstones",
 )
 # The task fields a task document carries besides what task_document() writes (both
 # absent when 0, so that a version-1 document reads as waiting for nothing):
@@ -84,6 +96,13 @@ COLLECTIONS: Final = (
 # to settle, and the field an enqueue of a dependent writes to conflict with its end).
 WAITING: Final = "waiting_on"
 DEPENDENTS: Final = "dependents"
+UNLOGGED: Final = "unlogged"
+"""``true`` on a task document from its insertion to its first replacement (schema
+version 4): no attempt row has been written for the task yet, as every transition that
+logs an attempt (a finish, a rescue, a cancel of a RUNNING task) replaces the document,
+which drops the field; a claim (``update_many``) keeps it. A deleting finish skips the
+attempt delete of a task whose document still has it. Absent (a document inserted
+before version 4, or by an older process): the rows are deleted."""
 
 TASK_INDEXES: Final = [
     IndexModel([("seq", ASCENDING)], name="seq", unique=True),
@@ -115,6 +134,12 @@ DEPENDENCY_INDEXES: Final = [
     IndexModel([("depends_on", ASCENDING), ("task_id", ASCENDING)], name="depends_on"),
     IndexModel([("task_id", ASCENDING)], name="dependent"),
 ]
+# One document per task deleted by its finish (Finish.delete): ``deleted_at`` (the
+# deleting transaction's time, integer microseconds) and the task's last document as
+# JSON text (documents.tombstone). Its ``_id`` is the task id: the ``_id`` index is the
+# unique index on the task id that the event reader (``_id $in``) and ``deleted_task``
+# search; ``prune_events`` deletes by age on this one.
+TOMBSTONE_INDEXES: Final = [IndexModel([("deleted_at", ASCENDING)], name="deleted_at")]
 
 
 async def change_streams_offered(db: AsyncDatabase[Doc]) -> bool:
@@ -174,6 +199,7 @@ async def create(db: AsyncDatabase[Doc]) -> None:
     await db.attempts.create_indexes(ATTEMPT_INDEXES)
     await db.events.create_indexes(EVENT_INDEXES)
     await db.dependencies.create_indexes(DEPENDENCY_INDEXES)
+    await db.tombstones.create_indexes(TOMBSTONE_INDEXES)
     # Every collection is created here, outside any transaction, not by its first
     # write: ``suspensions`` and ``buckets`` are first written inside a
     # transaction (a suspend, a claim's rate-limit upsert), and creating a

@@ -175,6 +175,14 @@ class MongoLedger:
     async def log_attempts(self, attempts: Sequence[Attempt]) -> None:
         self.writes.attempts += attempts
 
+    async def forget(self, rows: Sequence[Doc]) -> None:
+        """:class:`taskmill.settlement.Forgets`: the ended tasks ``rows`` go to
+        ``writes``, which :func:`~taskmill_mongo.transactions.record` deletes (with their
+        attempt rows) and keeps as tombstones, for the whole batch at once."""
+        forgotten = self.writes.forgotten
+        for row in rows:
+            forgotten[row["_id"]] = row
+
 
 async def settle(
     db: AsyncDatabase[Doc],
@@ -183,16 +191,20 @@ async def settle(
     chosen: TransitionPlan,
     now: int,
     writes: Writes,
+    *,
+    delete: bool = False,
     **values: Any,
 ) -> Task:
     """Write a transition of ``doc``'s task and, through the settlement engine, its
     consequences: the event, and, when it reaches a terminal status, the settlement of
     its aliases (when it is a leader) and then of the dependents of it and of those
-    aliases."""
+    aliases. ``delete`` (``Finish.delete``): when it ends COMPLETED or FAILED, the task
+    and the aliases it settled then go to ``writes.forgotten``."""
     ledger = MongoLedger(db, s, now, writes)
     new = chosen.apply(task(doc), from_micros(now), **values)
     settlement = Settlement(ledger)
-    await settlement.transitioned(await ledger.write(doc, new), chosen.transition.event)
+    written = await ledger.write(doc, new)
+    await settlement.transitioned(written, chosen.transition.event, delete=delete)
     if settlement.pending:
         await settlement.dependents()
     return new

@@ -63,7 +63,14 @@ from taskmill.storage import (
 from taskmill_mongo import claims, enqueue, leases, schema
 from taskmill_mongo.cancellation import cancel_in, suspend_in
 from taskmill_mongo.connection import Connection
-from taskmill_mongo.documents import EventKey, from_micros, leader_key, task, value_ceiling
+from taskmill_mongo.documents import (
+    EventKey,
+    from_micros,
+    leader_key,
+    task,
+    tombstone_task,
+    value_ceiling,
+)
 from taskmill_mongo.listener import MongoChangeListener
 from taskmill_mongo.options import MongoOptions, parse_url, redact
 from taskmill_mongo.queries import PENDING, eq, filter_query, one_of, scope_id
@@ -102,7 +109,6 @@ class MongoStorage(TaskStorage):
         dependencies=True,
         global_limits=True,
         handler_registrations=True,
-        delete_on_finish=False,
     )
 
     def __init__(self, options: MongoOptions) -> None:
@@ -283,6 +289,11 @@ class MongoStorage(TaskStorage):
     async def get(self, task_id: str) -> Task | None:
         doc = await read(self._conn, self._conn.database().tasks.find_one({"_id": task_id}))
         return None if doc is None else task(doc)
+
+    async def deleted_task(self, task_id: str) -> Task | None:
+        tombstones = self._conn.database().tombstones
+        doc = await read(self._conn, tombstones.find_one({"_id": task_id}))
+        return None if doc is None else tombstone_task(doc)
 
     async def query(
         self,
@@ -490,6 +501,13 @@ class MongoStorage(TaskStorage):
                 if ids
                 else {}
             )
+            # A task deleted by its finish (Finish.delete): its tombstone, read after
+            # the tasks, so a task deleted in between is found there. Tasks deleted by
+            # cleanup have none, and their events are skipped.
+            gone = [i for i in ids if i not in snapshots]
+            if gone:
+                buried = db.tombstones.find({"_id": {"$in": gone}})
+                snapshots.update({d["_id"]: tombstone_task(d) async for d in buried})
             events: list[TaskEvent] = []
             for row in rows:
                 snapshot = snapshots.get(row["task_id"])
@@ -513,6 +531,8 @@ class MongoStorage(TaskStorage):
         async def run() -> int:
             cutoff = await self._conn.now() - int(older_than.total_seconds() * 1_000_000)
             result = await db.events.delete_many({"at": {"$lt": cutoff}})
+            # A tombstone's deleted_at is the time of its task's last events.
+            await db.tombstones.delete_many({"deleted_at": {"$lt": cutoff}})
             return int(result.deleted_count)
 
         return await self._conn.guard(run())

@@ -47,7 +47,7 @@ from typing import Any, Final, TypeVar
 
 import attrs
 from bson import Timestamp
-from pymongo import ReplaceOne, ReturnDocument
+from pymongo import DeleteMany, DeleteOne, InsertOne, ReplaceOne, ReturnDocument
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure, PyMongoError
@@ -55,7 +55,7 @@ from taskmill.errors import StorageUnavailable
 from taskmill.model import Attempt, EventKind, Task, TaskStatus
 
 from taskmill_mongo.connection import Connection, Stage
-from taskmill_mongo.documents import EventKey, micros, task_document
+from taskmill_mongo.documents import EventKey, micros, task_document, tombstone
 from taskmill_mongo.options import redact
 from taskmill_mongo.schema import DEPENDENTS, EVENT_SHARDS, SHARDS, WAITING, Doc, create_counters
 
@@ -322,10 +322,18 @@ class Writes:
 
     events: list[tuple[EventKind, str, TaskStatus]] = attrs.field(factory=list)
     attempts: list[Attempt] = attrs.field(factory=list)
-    replacements: list[ReplaceOne[Doc]] | None = None
-    """When a list, the fenced task replacements not sent yet: the transaction sends
-    them as one ``bulk_write`` (:func:`flush`) before it next reads task documents and
-    before it records; None: each is written at once."""
+    replacements: list[tuple[Doc, Doc]] | None = None
+    """When a list, the fenced task replacements not sent yet, as (fence, document):
+    the transaction sends them as one ``bulk_write`` (:func:`flush`) before it next
+    reads task documents and before it records; None: each is written at once."""
+    forgotten: dict[str, Doc] = attrs.field(factory=dict)
+    """The ended tasks to delete (a finish with ``Finish.delete`` and the aliases it
+    settled; :meth:`~taskmill_mongo.settlement.MongoLedger.forget`), by id: the
+    documents last written for them. :func:`record` deletes them with their attempt
+    rows and keeps each document as the task's tombstone."""
+    unlogged: set[str] = attrs.field(factory=set)
+    """Those of :attr:`forgotten` known to have no attempt rows (their documents were
+    read with :data:`~taskmill_mongo.schema.UNLOGGED`)."""
 
     def emit(self, kind: EventKind, t: Task) -> None:
         self.events.append((kind, t.id, t.status))
@@ -346,8 +354,13 @@ async def reserve(db: AsyncDatabase[Doc], s: AsyncClientSession, counter: str, c
 
 async def record(db: AsyncDatabase[Doc], s: AsyncClientSession, writes: Writes, now: int) -> None:
     """Send what ``writes`` holds back, then append its events (at positions of an
-    event shard, :func:`_reserve_events`) and its attempt log rows."""
-    await flush(db, s, writes)
+    event shard, :func:`_reserve_events`) and its attempt log rows; the tasks it
+    forgot are deleted in the same round trip as the replacements (:func:`_forget`)."""
+    deleting: list[Doc] = []
+    if writes.forgotten:
+        deleting = await _forget(db, s, writes, now)
+    else:
+        await flush(db, s, writes)
     if writes.events:
         first = await _reserve_events(db, s, len(writes.events))
         await db.events.insert_many(
@@ -363,23 +376,79 @@ async def record(db: AsyncDatabase[Doc], s: AsyncClientSession, writes: Writes, 
             ],
             session=s,
         )
-    if writes.attempts:
-        await db.attempts.insert_many(
-            [
-                {
-                    "task_id": a.task_id,
-                    "number": a.number,
-                    "seq": now,
-                    "worker_id": a.worker_id,
-                    "started_at": micros(a.started_at),
-                    "finished_at": micros(a.finished_at),
-                    "outcome": a.outcome.value,
-                    "error": a.error,
-                }
-                for a in writes.attempts
-            ],
-            session=s,
-        )
+    if writes.attempts or deleting:
+        rows = [
+            {
+                "task_id": a.task_id,
+                "number": a.number,
+                "seq": now,
+                "worker_id": a.worker_id,
+                "started_at": micros(a.started_at),
+                "finished_at": micros(a.finished_at),
+                "outcome": a.outcome.value,
+                "error": a.error,
+            }
+            for a in writes.attempts
+        ]
+        if not deleting:
+            await db.attempts.insert_many(rows, session=s)
+        else:  # the deleted tasks' rows go, these come: one round trip
+            ops = [*(DeleteMany(q) for q in deleting), *(InsertOne(row) for row in rows)]
+            await db.attempts.bulk_write(ops, ordered=True, session=s)
+
+
+async def _forget(
+    db: AsyncDatabase[Doc], s: AsyncClientSession, writes: Writes, now: int
+) -> list[Doc]:
+    """Delete the tasks ``writes`` forgot, keeping their last documents as tombstones;
+    the queries of ``attempts`` that delete their attempt rows (for :func:`record`).
+
+    A forgotten task whose replacement is still held back is deleted instead, fenced
+    as the replacement was; one written earlier (in this transaction) is deleted by id.
+    The held-back replacements then the deletes are one ``bulk_write`` (one command for
+    the deletes, and one for the replacements of a batch that also keeps tasks: the
+    driver sends each run of one kind as a command), and a fence that matched nothing
+    is a lost race (:class:`Raced`), as in :func:`flush`. One ``bulk_write`` of upserts
+    then writes the tombstones: a task id enqueued again after its task was deleted
+    (the duplicate-id rule looks only at ``tasks``) and deleted again replaces its
+    tombstone, as the reference store does."""
+    doomed = writes.forgotten
+    pending = writes.replacements or []
+    if writes.replacements is not None:
+        writes.replacements = []
+    last = {doc["_id"]: i for i, (_, doc) in enumerate(pending) if doc["_id"] in doomed}
+    ops: list[ReplaceOne[Doc] | DeleteOne] = [
+        ReplaceOne(fence, doc)
+        for i, (fence, doc) in enumerate(pending)
+        if last.get(doc["_id"]) != i
+    ]
+    ops += [DeleteOne(pending[i][0]) for i in last.values()]
+    ops += [DeleteOne({"_id": task_id}) for task_id in doomed if task_id not in last]
+    result = await db.tasks.bulk_write(ops, ordered=True, session=s)
+    if result.matched_count + result.deleted_count != len(ops):
+        raise Raced
+    await db.tombstones.bulk_write(
+        [
+            ReplaceOne({"_id": task_id}, tombstone(doc, now), upsert=True)
+            for task_id, doc in doomed.items()
+        ],
+        ordered=False,
+        session=s,
+    )
+    # Aliases never ran, and a task that was still unlogged has no rows either.
+    unlogged = writes.unlogged
+    ran = [
+        task_id
+        for task_id, doc in doomed.items()
+        if doc["alias_of"] is None and task_id not in unlogged
+    ]
+    if not ran:
+        return []
+    if len(ran) > 1 and _running().options.serialize_writes:
+        # The stand-in searches the log index only for an explicit $eq (a $in on any
+        # field but _id scans the collection): one delete per task, in one round trip.
+        return [{"task_id": {"$eq": task_id}} for task_id in ran]
+    return [{"task_id": {"$in": ran} if len(ran) > 1 else {"$eq": ran[0]}}]
 
 
 async def _reserve_events(db: AsyncDatabase[Doc], s: AsyncClientSession, count: int) -> EventKey:
@@ -410,10 +479,7 @@ def _stamp(s: AsyncClientSession) -> Timestamp | int:
 
     :raises StorageUnavailable: the server reported no cluster time.
     """
-    try:
-        conn = _RUNNING.get()
-    except LookupError:
-        raise RuntimeError("events are recorded only inside transaction()") from None
+    conn = _running()
     if conn.options.serialize_writes:
         return conn.writer_lock.turn
     seen = s.operation_time
@@ -423,6 +489,14 @@ def _stamp(s: AsyncClientSession) -> Timestamp | int:
             "a transaction; taskmill-mongo needs a replica set member or mongos"
         )
     return seen
+
+
+def _running() -> Connection:
+    """The store whose transaction is running (:func:`transaction` sets it)."""
+    try:
+        return _RUNNING.get()
+    except LookupError:
+        raise RuntimeError("writes are recorded only inside transaction()") from None
 
 
 def _stamp_value(stored: Timestamp | int | None) -> int:
@@ -507,7 +581,9 @@ async def flush(db: AsyncDatabase[Doc], s: AsyncClientSession, writes: Writes) -
         return
     sent = len(pending)
     writes.replacements = []
-    result = await db.tasks.bulk_write(pending, ordered=True, session=s)
+    result = await db.tasks.bulk_write(
+        [ReplaceOne(fence, doc) for fence, doc in pending], ordered=True, session=s
+    )
     if result.matched_count != sent:
         raise Raced
 
@@ -540,7 +616,7 @@ async def replace(
         "worker_id": old["worker_id"],
     }
     if writes is not None and writes.replacements is not None:
-        writes.replacements.append(ReplaceOne(fence, doc))
+        writes.replacements.append((fence, doc))
         return doc
     result = await db.tasks.replace_one(fence, doc, session=s)
     if result.matched_count != 1:
