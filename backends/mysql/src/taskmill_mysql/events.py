@@ -1,5 +1,5 @@
 """The event log: appending a transaction's events under the ``event_cursor`` row lock,
-reading it by cursor, and pruning it by age.
+reading it by cursor, and pruning it (and the tombstones of deleted tasks) by age.
 
 AUTO_INCREMENT is not commit order, so every event seq is drawn from the locked
 ``event_cursor`` row, held from the draw to the commit: seqs follow commit order and a
@@ -93,7 +93,9 @@ async def append_events(
 
 async def read_events(s: Session, args: tuple[str | None, int]) -> tuple[list[TaskEvent], str]:
     """Up to ``limit`` events after the cursor ``after``, each with its task's current
-    snapshot, and the cursor after them; ``after`` None: the cursor of the log's end."""
+    snapshot (its tombstone when its finish deleted it; none, and the event skipped,
+    when ``cleanup`` did), and the cursor after them; ``after`` None: the cursor of the
+    log's end."""
     after, limit = args
     if after is None:
         last = await s.fetchone(sql.EVENT_CURSOR)
@@ -109,8 +111,10 @@ async def read_events(s: Session, args: tuple[str | None, int]) -> tuple[list[Ta
 
 
 async def prune_events(s: Session, older_than: timedelta) -> int:
-    """Delete the events recorded more than ``older_than`` ago; how many."""
+    """Delete the events recorded more than ``older_than`` ago, and the tombstones of the
+    tasks deleted that long ago; how many events."""
     cutoff = await now(s) - older_than
+    s.defer(sql.PRUNE_TOMBSTONES, (cutoff,))
     # Seqs are drawn under the cursor lock, so `at` only grows with seq: the events to
     # delete are the prefix of the log before the first young one.
     first_young = await s.fetchone(sql.FIRST_YOUNG_EVENT, (cutoff,))

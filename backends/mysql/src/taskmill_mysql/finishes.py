@@ -6,6 +6,14 @@ Finishes of the same kind are written together
 (:func:`~taskmill_mysql.statements.finish_sql`, up to 128 rows a statement, fewer to fit
 a packet); the finished snapshot is the kernel's transition applied to the locked row
 (:func:`_finished`), not a read back.
+
+A finish with ``delete`` that ends its task COMPLETED or FAILED writes, instead of the
+``UPDATE``, the row the ``UPDATE`` would leave to ``tombstones`` (the same batch of
+values joined to the locked rows, :func:`~taskmill_mysql.statements.bury_sql`), logs no
+attempt, and leaves the task row as it is until the settlement, once the aliases and
+dependents are settled, deletes it with the aliases it settled and their logs
+(:meth:`~taskmill_mysql.ledger.MySQLLedger.forget`): a row about to be deleted is not
+updated first.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from taskmill_mysql.rows import (
     fence_from_json,
     task,
 )
+from taskmill_mysql.statements import BURIED
 
 __all__ = ["finish", "finish_applied"]
 
@@ -96,6 +105,16 @@ def _attempt_literals(
         f"{literal(as_stored(finish.finished_at))}, {QUOTED[outcome]}, "
         f"{'NULL' if error is None else literal(error)})"
     )
+
+
+def _bury_finishes(s: Session, at: datetime, kind: FinishKind, rows: list[list[str]]) -> None:
+    """The finish of ``kind`` over ``rows``, finishes with ``delete`` that end their
+    tasks: their tombstones as :func:`_apply_finishes` would leave their rows
+    (:func:`~taskmill_mysql.statements.bury_sql`), in statements cut as it cuts its own."""
+    now = s.literal(at)
+    sizes = [sum([text_bytes(value) for value in row]) + sql.FINISH_ROW_BYTES for row in rows]
+    for start, stop, _ in s.runs(sql.bury_bytes(kind, now), sizes, most=128):
+        s.defer(sql.bury_sql(kind, rows[start:stop], now))
 
 
 _FINISH_PLANS: Final = {kind: plan(t) for kind, t in FINISHES.items()}
@@ -161,6 +180,10 @@ async def _finish(
     settlement: Settlement[Ref] | None = None
     lock = sql.LOCK_FINISHING if snapshots else sql.LOCK_FINISHING_FENCE
     fence = SNAPSHOT_FENCE if snapshots else NARROW_FENCE
+    buried: dict[FinishKind, list[list[Any]]] = {}
+    """The finishes with ``delete`` of a round that end their task, by kind."""
+    gone: set[str] = set()
+    """The tasks whose tombstones this call wrote."""
     i_seq, i_id, i_worker, i_attempts = fence.seq, fence.id, fence.worker_id, fence.attempts
     for indexes in finish_rounds(finishes):
         locked: dict[str, Row] = {}
@@ -178,7 +201,7 @@ async def _finish(
             continue  # nothing held: nothing to write
         if settlement is None:
             settlement = Settlement(MySQLLedger(s, at, events))
-        applied: dict[int, tuple[Row, FinishKind]] = {}
+        applied: dict[int, tuple[Row, FinishKind, bool]] = {}
         by_kind: dict[FinishKind, list[list[Any]]] = {}
         for index in indexes:
             one = finishes[index]
@@ -188,23 +211,44 @@ async def _finish(
                 held[i_id], LEASED_STATUS, held[i_worker], held[i_attempts]
             ):
                 continue
+            if gone and held[i_id] in gone:
+                continue  # buried by an earlier round: its row is left RUNNING until deleted
             stop_requested = held[fence.cancel_reason] is not None
             kind = finish_kind(one.kind, stop_requested=stop_requested)
-            by_kind.setdefault(kind, []).append(_finish_literals(literal, one, held[i_seq], at))
-            applied[index] = (held, kind)
+            values = _finish_literals(literal, one, held[i_seq], at)
+            doomed = one.delete and kind in BURIED
+            if doomed:
+                buried.setdefault(kind, []).append(values)
+                gone.add(held[i_id])
+            else:
+                by_kind.setdefault(kind, []).append(values)
+            applied[index] = (held, kind, doomed)
         for kind, rows in by_kind.items():
             _apply_finishes(s, at, kind, rows)
-        for index, (row, kind) in applied.items():
+        if buried:
+            for kind, rows in buried.items():
+                _bury_finishes(s, at, kind, rows)
+            buried = {}
+        for index, (row, kind, doomed) in applied.items():
             one = finishes[index]
             after = _finished(task(row), one, kind, at) if snapshots else None
             seq = row[i_seq]
             task_id = one.lease.task_id
             status = FINISHES[kind].status
             kind_event, outcome = _APPLIED[kind]
-            outcome = outcome or one.outcome.value
-            ref = Ref(seq, task_id, status, row[fence.dedupe_key], row[fence.alias_of])
-            await settlement.transitioned(ref, kind_event)
-            log.append(_attempt_literals(literal, seq, one.lease, one, outcome))
+            if doomed:
+                # Its tombstone is written, its row is deleted once its aliases and
+                # dependents are settled (MySQLLedger.forget), and its log goes with it.
+                ref = Ref(
+                    seq, task_id, status, row[fence.dedupe_key], row[fence.alias_of],
+                    buried=True,
+                )  # fmt: skip
+                await settlement.transitioned(ref, kind_event, delete=True)
+            else:
+                ref = Ref(seq, task_id, status, row[fence.dedupe_key], row[fence.alias_of])
+                await settlement.transitioned(ref, kind_event)
+                outcome = outcome or one.outcome.value
+                log.append(_attempt_literals(literal, seq, one.lease, one, outcome))
             results[index] = after
     if settlement is None:
         return results

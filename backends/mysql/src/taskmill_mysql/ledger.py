@@ -1,6 +1,7 @@
 """The MySQL / MariaDB side of the settlement engine (:mod:`taskmill.settlement`): the
 locking reads and the writes of one transaction that the engine sequences when tasks
-end (their aliases, their dependents) and when a cancel runs.
+end (their aliases, their dependents, the delete of a finish with ``delete``) and when a
+cancel runs.
 
 Writes are deferred (:meth:`~taskmill_mysql.connection.Session.defer`) and sent with the
 next read; the rows the engine needs back are read by seq
@@ -56,6 +57,10 @@ class Ref:
     dedupe_key: str | None
     alias_of: str | None
     row: Row | None = None
+    buried: bool = False
+    """Ended by a finish with ``delete`` that wrote its tombstone instead of updating
+    its row (:func:`~taskmill_mysql.statements.bury_sql`): the row is left as it was,
+    to be deleted by :meth:`MySQLLedger.forget`."""
 
     @classmethod
     def of(cls, row: Row) -> Ref:
@@ -63,17 +68,20 @@ class Ref:
         return cls(row[SEQ], row[ID], STATUS[row[STATUS_COL]], row[DEDUPE_KEY], row[ALIAS_OF], row)
 
     async def stored(self, s: Session) -> Row:
-        """The task's row as stored now."""
+        """The task's row as stored now (a buried task's: its tombstone)."""
         if self.row is not None:
             return self.row
+        if self.buried:
+            (row,) = await s.fetchall(sql.SELECT_TOMBSTONE_BY_SEQ, (self.seq,))
+            return row
         (row,) = await by_seq(s, [self.seq])
         return row
 
 
 class MySQLLedger:
-    """:class:`taskmill.settlement.CancelLedger` over session ``s`` at ``at``; the events
-    it is given accumulate in :attr:`events` for
-    :func:`~taskmill_mysql.events.append_events`."""
+    """:class:`taskmill.settlement.CancelLedger` and
+    :class:`~taskmill.settlement.Forgets` over session ``s`` at ``at``; the events it is
+    given accumulate in :attr:`events` for :func:`~taskmill_mysql.events.append_events`."""
 
     __slots__ = ("_at", "_s", "_seqs", "events")
 
@@ -194,6 +202,20 @@ class MySQLLedger:
                 | {f"s{i}": q for i, q in enumerate(chunk)},
             )
         return {r[ID]: Ref.of(r) for r in await by_seq(s, seqs)}
+
+    async def forget(self, rows: Sequence[Ref]) -> None:
+        """Delete the ended tasks ``rows`` and their execution logs, deferred after the
+        finish's writes and the settlement's. A buried task's tombstone is written
+        already; the others' (the aliases settled) are their rows as this transaction
+        left them, copied first (:data:`~taskmill_mysql.statements.BURY`)."""
+        s = self._s
+        settled = [r.seq for r in rows if not r.buried]
+        for chunk in chunks(settled):
+            s.defer(sql.BURY.format(sql.seq_list(chunk)), (self._at,))
+        for chunk in chunks([r.seq for r in rows]):
+            seqs = sql.seq_list(chunk)
+            s.defer(sql.FORGET_ATTEMPTS.format(seqs))
+            s.defer(sql.FORGET_TASKS.format(seqs))
 
     async def log_attempts(self, attempts: Sequence[Attempt]) -> None:
         if attempts:

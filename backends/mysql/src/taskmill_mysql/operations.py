@@ -44,6 +44,7 @@ __all__ = [
     "claim",
     "cleanup",
     "delete_registration",
+    "deleted_task",
     "enqueue",
     "finish",
     "finish_applied",
@@ -95,6 +96,11 @@ async def redrive(s: Session, task_id: str) -> Task:
 
 async def get(s: Session, task_id: str) -> Task | None:
     row = await s.fetchone(sql.SELECT_TASK, (task_id,))
+    return None if row is None else task(row)
+
+
+async def deleted_task(s: Session, task_id: str) -> Task | None:
+    row = await s.fetchone(sql.SELECT_TOMBSTONE, (task_id,))
     return None if row is None else task(row)
 
 

@@ -26,10 +26,11 @@ from taskmill.lifecycle import (
     FINISHES,
     RESCUE_ERROR,
     RESCUES,
+    Transition,
 )
 from taskmill.model import TaskFilter
 from taskmill.sql.filters import Dialect, SQLFilter, suspended_sql, translate
-from taskmill.sql.lifecycle import Sources, literal, set_clause
+from taskmill.sql.lifecycle import Sources, assignments, literal, set_clause
 from taskmill.sql.rows import ATTEMPT_COLUMN_NAMES, TASK_COLUMN_NAMES, fence_clause
 from taskmill.storage import FinishKind
 
@@ -132,6 +133,23 @@ ATTEMPTS: Final = (
     "WHERE task_seq = (SELECT seq FROM tasks WHERE id = %s) AND task_id = %s ORDER BY id"
 )
 
+# -- deleting finished tasks (Finish.delete) -------------------------------------------
+
+BURY: Final = (
+    f"REPLACE INTO tombstones ({TASK_COLUMNS}, deleted_at) "
+    f"SELECT {TASK_COLUMNS}, %s FROM tasks WHERE seq IN ({{}})"
+)
+"""Copy some ended tasks' rows (the aliases a deleting finish settled), as the
+transaction left them, to ``tombstones`` (formatted with their :func:`seq_list`;
+parameter: the store clock); ``REPLACE`` drops an older tombstone of the same id
+(0004_tombstones.sql)."""
+FORGET_ATTEMPTS: Final = "DELETE FROM attempts WHERE task_seq IN ({})"
+FORGET_TASKS: Final = "DELETE FROM tasks WHERE seq IN ({})"
+"""Then their execution logs and rows (formatted with the same :func:`seq_list`)."""
+SELECT_TOMBSTONE: Final = f"SELECT {TASK_COLUMNS} FROM tombstones WHERE id = %s"
+SELECT_TOMBSTONE_BY_SEQ: Final = f"SELECT {TASK_COLUMNS} FROM tombstones WHERE seq = %s"
+PRUNE_TOMBSTONES: Final = "DELETE FROM tombstones WHERE deleted_at < %s"
+
 # -- finishing -------------------------------------------------------------------------
 
 LOCK_RUNNING: Final = (
@@ -200,17 +218,75 @@ def finish_bytes(kind: FinishKind, now: str) -> int:
     return len(_FINISH_SETS[kind].replace("%s", now)) + 64
 
 
+def _batch(rows: Sequence[Sequence[str]]) -> str:
+    """The batch ``v`` of :func:`finish_sql` and :func:`bury_sql`: a ``UNION ALL`` of
+    one ``SELECT`` per finish (its :data:`FINISH_COLUMNS`)."""
+    first = ", ".join(
+        f"{value} AS {name}" for value, name in zip(rows[0], FINISH_COLUMNS, strict=True)
+    )
+    more = "".join([" UNION ALL SELECT " + ", ".join(row) for row in rows[1:]])
+    return f"(SELECT {first}{more}) AS v"
+
+
 def finish_sql(kind: FinishKind, rows: Sequence[Sequence[str]], now: str) -> str:
     """The finish of some locked RUNNING tasks as ``kind``: one multi-table ``UPDATE``
     joining the batch ``v`` (a ``UNION ALL`` of one ``SELECT`` per finish) by seq.
     ``rows`` are the finishes' values (:data:`FINISH_COLUMNS`) and ``now`` the store
     clock, all as SQL literals."""
-    first = ", ".join(
-        f"{value} AS {name}" for value, name in zip(rows[0], FINISH_COLUMNS, strict=True)
-    )
-    more = "".join([" UNION ALL SELECT " + ", ".join(row) for row in rows[1:]])
     sets = _FINISH_SETS[kind].replace("%s", now)
-    return f"UPDATE tasks AS t JOIN (SELECT {first}{more}) AS v ON t.seq = v.seq {sets}"
+    return f"UPDATE tasks AS t JOIN {_batch(rows)} ON t.seq = v.seq {sets}"
+
+
+def _finish_values(t: Transition) -> dict[str, str]:
+    """Column → value of every column a finish taking ``t`` writes: what
+    :data:`_FINISH_SETS` assigns (checked below), for :func:`bury_sql` to select."""
+    values = assignments(t, _FINISH_SOURCES)
+    values |= {
+        "updated_at": "%s",
+        "worker_id": "NULL",
+        "lease_expires_at": "NULL",
+        "data": "IFNULL(v.data, t.data)",
+    }
+    if not t.requeues:
+        values |= {
+            f"progress_{name}": f"IF(v.has_progress, v.{name}, t.progress_{name})"
+            for name in ("done", "total", "message")
+        }
+    return values
+
+
+_FINISH_VALUES: Final = {kind: _finish_values(t) for kind, t in FINISHES.items()}
+assert all(
+    _FINISH_SETS[kind] == "SET " + ", ".join(f"t.{c} = {e}" for c, e in values.items())
+    for kind, values in _FINISH_VALUES.items()
+), "the finish's SET list and the tombstone's values differ"
+BURIED: Final = frozenset({FinishKind.COMPLETE, FinishKind.FAIL})
+"""The finish kinds whose ``delete`` deletes the task (they end it COMPLETED or
+FAILED)."""
+_BURY_SELECTS: Final = {
+    kind: ", ".join(_FINISH_VALUES[kind].get(c, f"t.{c}") for c in TASK_COLUMN_NAMES)
+    for kind in BURIED
+}
+"""Per kind in :data:`BURIED`, the snapshot columns of a task as its finish leaves
+it (:data:`TASK_COLUMN_NAMES` order; placeholders: the store clock's)."""
+
+
+def bury_bytes(kind: FinishKind, now: str) -> int:
+    """Bytes of a :func:`bury_sql` statement of ``kind`` besides its rows."""
+    return len(_BURY_SELECTS[kind].replace("%s", now)) + len(TASK_COLUMNS) + 128
+
+
+def bury_sql(kind: FinishKind, rows: Sequence[Sequence[str]], now: str) -> str:
+    """The finish of some locked RUNNING tasks as ``kind`` (in :data:`BURIED`) by a
+    finish with ``delete``: instead of :func:`finish_sql`'s ``UPDATE``, their rows as
+    it would leave them are written to ``tombstones`` (deleted at ``now``), joining
+    the same batch ``v``; the task rows are deleted later in the transaction
+    (:data:`FORGET_TASKS`). ``REPLACE`` drops an older tombstone of the same id."""
+    selects = _BURY_SELECTS[kind].replace("%s", now)
+    return (
+        f"REPLACE INTO tombstones ({TASK_COLUMNS}, deleted_at) SELECT {selects}, {now} "
+        f"FROM tasks AS t JOIN {_batch(rows)} ON t.seq = v.seq"
+    )
 
 
 RENEW: Final = "UPDATE tasks SET lease_expires_at = %s WHERE seq IN ({})"
@@ -309,10 +385,16 @@ EVENT_ROW: Final = "(LAST_INSERT_ID() - %s, %s, %s, %s, %s, %s)"
 """One event: how many seqs before the last one drawn (:data:`EVENT_CURSOR_DRAW` in
 the same transaction), task seq, task id, kind, status, at."""
 READ_EVENTS: Final = (
-    f"SELECT e.seq, e.kind, e.status, e.at, {', '.join(f't.{c}' for c in TASK_COLUMN_NAMES)} "
-    "FROM events AS e LEFT JOIN tasks AS t ON t.seq = e.task_seq AND t.id = e.task_id "
+    "SELECT e.seq, e.kind, e.status, e.at, "
+    + ", ".join(f"COALESCE(t.{c}, d.{c})" for c in TASK_COLUMN_NAMES)
+    + " FROM events AS e LEFT JOIN tasks AS t ON t.seq = e.task_seq AND t.id = e.task_id "
+    "LEFT JOIN tombstones AS d ON d.seq = e.task_seq AND d.id = e.task_id "
     "WHERE e.seq > %s ORDER BY e.seq LIMIT %s"
 )
+"""Events after a seq, each with its task's snapshot columns: from ``tasks``, or from
+``tombstones`` for a task its finish deleted (a seq is in one of the two at a time, so
+at most one side of the joins has the row and ``COALESCE`` picks its value, NULL
+included), all NULL for a task ``cleanup`` deleted."""
 FIRST_YOUNG_EVENT: Final = "SELECT seq FROM events WHERE at >= %s ORDER BY seq LIMIT 1"
 
 SUSPENSIONS: Final = "SELECT task_type, app_id FROM suspensions"
