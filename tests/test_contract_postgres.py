@@ -188,7 +188,7 @@ class TestPostgresDeployment(DeploymentContract):
             await conn.close()
 
 
-async def test_the_schema_has_the_tables_and_the_two_functions_the_statements_use(
+async def test_the_schema_has_the_tables_and_the_functions_the_statements_use(
     postgres_url: str,
 ):
     store = PostgresStorage.from_url(postgres_url)
@@ -197,9 +197,18 @@ async def test_the_schema_has_the_tables_and_the_two_functions_the_statements_us
     catalog = await dump(store.schema)
     assert {r[0] for r in catalog["tables"]} >= {
         "tasks", "attempts", "events", "suspensions", "taskmill_meta", "tasks_claim",
-        "task_dependencies",
+        "task_dependencies", "tombstones", "tombstones_id_key", "tombstones_age",
     }  # fmt: skip
-    assert sorted(r[0] for r in catalog["functions"]) == ["settle_aliases", "settle_dependents"]
+    assert sorted((r[0], r[1]) for r in catalog["functions"]) == [
+        ("forget_tasks", "task_seqs bigint[]"),
+        ("settle_aliases", "leader_seqs bigint[]"),
+        ("settle_aliases_of_deleted", "leader_seqs bigint[]"),
+        ("settle_dependents", "ended_seqs bigint[], events_lock bigint, channel text"),
+        (
+            "settle_dependents",
+            "ended_seqs bigint[], events_lock bigint, channel text, completed_ids text[]",
+        ),
+    ]
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from taskmill.model import AttemptOutcome
 from taskmill.storage import ClaimRequest, Finish, FinishKind, Lease, utcnow
 from taskmill.testing import new_task
 from taskmill_postgres import PostgresStorage
+from taskmill_postgres.arguments import delete_flags
 from taskmill_postgres.options import channel_prefix, lock_key
 from taskmill_postgres.storage import _finish_arrays
 
@@ -37,13 +38,15 @@ WORKER = "planner"
 STATEMENTS = (
     "finish",
     "finish_applied",
+    "finish_deleting",
+    "finish_deleting_applied",
     "claim_batch",
     "renew_leases",
     "watch_leases",
     "rescue_expired",
     "save_progress",
 )
-SCANS_OF_TABLES = ("tasks", "attempts", "events")
+SCANS_OF_TABLES = ("tasks", "attempts", "events", "tombstones")
 """Tables a batch must never scan once per row (``suspensions`` holds a few scopes)."""
 
 
@@ -100,6 +103,25 @@ def statement(name: str, schema: str, leases: list[Lease]) -> tuple[str, list[An
         ]
         finish_sql = sql.finish if name == "finish" else sql.finish_applied
         return finish_sql, [*_finish_arrays(finishes, list(range(n))), lock, channel]
+    if name in ("finish_deleting", "finish_deleting_applied"):
+        # Every fourth finish keeps its task, every fourth deletes a failed one (updated,
+        # then forgotten), the others delete completed ones (deleted without an update).
+        now = utcnow()
+        kinds = [FinishKind.COMPLETE, FinishKind.COMPLETE, FinishKind.FAIL, FinishKind.COMPLETE]
+        finishes = []
+        for i, x in enumerate(leases):
+            kind = kinds[i % 4]
+            failed = kind is FinishKind.FAIL
+            outcome = AttemptOutcome.FAILED if failed else AttemptOutcome.COMPLETED
+            error = "x" if failed else None
+            finishes.append(
+                Finish(x, kind, outcome, now, now, result_json="1", error=error, delete=i % 4 != 3)
+            )
+        finish_sql = sql.finish_deleting
+        if name == "finish_deleting_applied":
+            finish_sql = sql.finish_deleting_applied
+        flags = delete_flags(finishes, list(range(n)))
+        return finish_sql, [*_finish_arrays(finishes, list(range(n))), lock, channel, flags]
     if name == "renew_leases":
         return sql.renew, [ids, workers, attempts, 30.0]
     if name == "watch_leases":

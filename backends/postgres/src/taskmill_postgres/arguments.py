@@ -16,6 +16,7 @@ from taskmill.serialization import dumps
 from taskmill.storage import Finish, FinishKind, Lease, NewTask, ProgressUpdate
 
 __all__ = [
+    "delete_flags",
     "enqueue_arguments",
     "finish_arrays",
     "lease_arrays",
@@ -163,3 +164,11 @@ NULLABLE_FINISH_COLUMNS: Final = (4, 6, 7, 8)
 as NULL when they hold nothing but NULLs: ``unnest`` of several arrays pads a NULL one
 with NULLs, so the statement reads the same values, and asyncpg does not encode a
 thousand NULLs (it checks each element of an array for being a nested array)."""
+
+
+def delete_flags(finishes: Sequence[Finish], indexes: list[int]) -> list[bool] | None:
+    """The delete flags of ``finishes[indexes]`` (``Finish.delete``), the argument $19
+    of ``Statements.finish_deleting``; None when no finish deletes: the batch is for
+    ``Statements.finish``, which has no such argument."""
+    flags = [finishes[index].delete for index in indexes]
+    return flags if True in flags else None

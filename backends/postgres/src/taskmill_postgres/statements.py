@@ -37,7 +37,7 @@ from taskmill.lifecycle import (
     TERMINAL_EVENTS,
     RescueCase,
 )
-from taskmill.model import TaskFilter
+from taskmill.model import TaskFilter, TaskStatus
 from taskmill.sql.filters import Dialect, suspended_sql, translate
 from taskmill.sql.lifecycle import (
     PROGRESS_COLUMNS,
@@ -51,11 +51,19 @@ from taskmill.sql.lifecycle import (
     transition_cases,
 )
 from taskmill.sql.rows import TASK_COLUMN_NAMES, fence_clause
-from taskmill.storage import ClaimRequest
+from taskmill.storage import ClaimRequest, FinishKind
 
 from taskmill_postgres.options import quote_ident
 
-__all__ = ["TASK_COLUMNS", "TASK_COLUMN_NAMES", "ClaimShape", "Statements", "filter_sql"]
+__all__ = [
+    "DELETED_ON_FINISH",
+    "TASK_COLUMNS",
+    "TASK_COLUMN_NAMES",
+    "TOMBSTONE_COLUMNS",
+    "ClaimShape",
+    "Statements",
+    "filter_sql",
+]
 
 
 def columns(alias: str) -> str:
@@ -64,6 +72,11 @@ def columns(alias: str) -> str:
 
 
 TASK_COLUMNS: Final = ", ".join(TASK_COLUMN_NAMES)
+TOMBSTONE_COLUMNS: Final = (*TASK_COLUMN_NAMES, "waiting_on")
+"""The columns of a tombstone (0008_tombstones.sql), ``deleted_at`` aside: those of
+``tasks``."""
+DELETED_ON_FINISH: Final = (TaskStatus.COMPLETED, TaskStatus.FAILED)
+"""The statuses in which a finish with ``Finish.delete`` deletes its task."""
 CLAIMABLE: Final = "status = 'pending' AND alias_of IS NULL AND waiting_on = 0"
 """The predicate of the partial ``tasks_claim`` index (queries repeat it verbatim)."""
 ACTIVE: Final = "status IN ('pending', 'running')"
@@ -132,32 +145,52 @@ _FINISH_COLUMNS: Final = (
     "status", "attempts", "run_at", "finished_at", "result", "error", "cancel_reason",
     *PROGRESS_COLUMNS,
 )  # fmt: skip
+_FINISH_SOURCES: Final = Sources(
+    now="now()",
+    later="now() + v.retry_in * interval '1 second'",
+    result="v.result::json",
+    error="v.error",
+    cancel_reason=f"coalesce(v.reason, {literal(DEFAULT_CANCEL_REASON.value)})",
+    table="t",
+)
+_FINISH_KEPT: Final = {
+    **{c: f"t.{c}" for c in _FINISH_COLUMNS},
+    # A terminal finish keeps the attempt's last progress (a requeue resets it).
+    "progress_done": "CASE WHEN v.has_progress THEN v.done ELSE t.progress_done END",
+    "progress_total": "CASE WHEN v.has_progress THEN v.total ELSE t.progress_total END",
+    "progress_message": "CASE WHEN v.has_progress THEN v.message ELSE t.progress_message END",
+}
 _FINISH_SETS: Final = transition_cases(
     _RELEASED_KIND,
     FINISHES,
     {kind: kind.value for kind in FINISHES},
-    dict.fromkeys(
-        FINISHES,
-        Sources(
-            now="now()",
-            later="now() + v.retry_in * interval '1 second'",
-            result="v.result::json",
-            error="v.error",
-            cancel_reason=f"coalesce(v.reason, {literal(DEFAULT_CANCEL_REASON.value)})",
-            table="t",
-        ),
-    ),
-    {
-        **{c: f"t.{c}" for c in _FINISH_COLUMNS},
-        # A terminal finish keeps the attempt's last progress (a requeue resets it).
-        "progress_done": "CASE WHEN v.has_progress THEN v.done ELSE t.progress_done END",
-        "progress_total": "CASE WHEN v.has_progress THEN v.total ELSE t.progress_total END",
-        "progress_message": "CASE WHEN v.has_progress THEN v.message ELSE t.progress_message END",
-    },
+    dict.fromkeys(FINISHES, _FINISH_SOURCES),
+    _FINISH_KEPT,
     _FINISH_COLUMNS,
 )
 """The SET list of the finish statement, every kind's transition in one CASE per
 column (see :mod:`taskmill.sql.lifecycle`)."""
+_FINISH_SET_LIST: Final = ", ".join(f"{c} = {e}" for c, e in _FINISH_SETS.items())
+_FINISH_ARRAYS: Final = (
+    "$1::text[], $2::text[], $3::integer[], $4::text[], $5::text[], $6::float8[],"
+    " $7::text[], $8::text[], $9::text[], $10::boolean[], $11::float8[], $12::float8[],"
+    " $13::text[], $14::text[], $15::timestamptz[], $16::timestamptz[]"
+)
+"""The 16 arrays of a finish batch (see :func:`taskmill_postgres.arguments.finish_arrays`)."""
+_FINISH_BATCH_COLUMNS: Final = (
+    "id, worker_id, attempt, kind, result, retry_in, error, reason, data, has_progress,"
+    " done, total, message, outcome, started_at, finished_at"
+)
+_COMPLETE_SETS: Final = transition_cases(
+    literal(FinishKind.COMPLETE.value),
+    {FinishKind.COMPLETE: FINISHES[FinishKind.COMPLETE]},
+    {FinishKind.COMPLETE: FinishKind.COMPLETE.value},
+    {FinishKind.COMPLETE: _FINISH_SOURCES},
+    _FINISH_KEPT,
+    _FINISH_COLUMNS,
+)
+"""The columns a COMPLETE writes (one constant CASE each, which the planner folds): the
+row a deleting COMPLETE deletes instead of writing, as its tombstone."""
 
 _RESCUE_COLUMNS: Final = (
     "status", "attempts", "run_at", "error", "cancel_reason", "finished_at", *PROGRESS_COLUMNS,
@@ -308,22 +341,15 @@ class Statements:
         """Insert a batch without dedupe keys (no alias to decide, no leader to lock)."""
 
         # -- finishing ------------------------------------------------------------------------
-        finish_sets = ", ".join(f"{c} = {e}" for c, e in _FINISH_SETS.items())
         logged = outcome_sql(FINISHES.values(), released="d.released", reported="d.outcome")
         requeued = f"(SELECT {notify(18, 'work')} FROM done WHERE status = 'pending' LIMIT 1)"
-        finish_batch = batch(
-            "$1::text[], $2::text[], $3::integer[], $4::text[], $5::text[], $6::float8[],"
-            " $7::text[], $8::text[], $9::text[], $10::boolean[], $11::float8[], $12::float8[],"
-            " $13::text[], $14::text[], $15::timestamptz[], $16::timestamptz[]",
-            "id, worker_id, attempt, kind, result, retry_in, error, reason, data, has_progress,"
-            " done, total, message, outcome, started_at, finished_at",
-        )
+        finish_batch = batch(_FINISH_ARRAYS, _FINISH_BATCH_COLUMNS)
         events = self._events_of(f"SELECT d.seq, {_FINISH_EVENT}, d.status, d.ord FROM done AS d")
 
         def finish_statement(returning: str, result: str) -> str:
             return (
                 f"WITH {finish_batch},"
-                f" done AS (UPDATE {s}.tasks AS t SET {finish_sets},"
+                f" done AS (UPDATE {s}.tasks AS t SET {_FINISH_SET_LIST},"
                 " updated_at = now(), worker_id = NULL, lease_expires_at = NULL,"
                 " data = coalesce(v.data::json, t.data)"
                 f" FROM v WHERE {FENCE}"
@@ -352,6 +378,14 @@ class Statements:
         """:attr:`finish` returning only the position (``ord``) of each finish applied,
         not its snapshot: the same changes, without reading and sending every column of
         every finished row (see ``PostgresStorage.finish_batch_applied``)."""
+        self.finish_deleting = self._finish_deleting(columns("t"), f"{TASK_COLUMNS}, ord", "*")
+        """:attr:`finish` for a batch of which some finish deletes its task
+        (``Finish.delete``; one more argument, $19: the delete flags): see
+        :meth:`_finish_deleting`."""
+        self.finish_deleting_applied = self._finish_deleting(
+            "t.seq, t.status, t.dedupe_key, t.alias_of", "ord", "ord"
+        )
+        """:attr:`finish_deleting` returning only the position of each finish applied."""
 
         self.settle_aliases = (
             f"SELECT alias_seq, leader_seq FROM {s}.settle_aliases($1::bigint[]) ORDER BY alias_seq"
@@ -554,18 +588,134 @@ class Statements:
 
         # -- the event log --------------------------------------------------------------------
         self.read_events = (
-            f"SELECT e.seq, e.kind, e.status, e.at, {columns('t')} FROM {s}.events AS e"
-            f" LEFT JOIN {s}.tasks AS t ON t.seq = e.task_seq"
+            "SELECT e.seq, e.kind, e.status, e.at,"
+            f" {', '.join(f'coalesce(t.{c}, g.{c}) AS {c}' for c in TASK_COLUMN_NAMES)}"
+            f" FROM {s}.events AS e LEFT JOIN {s}.tasks AS t ON t.seq = e.task_seq"
+            f" LEFT JOIN LATERAL (SELECT {TASK_COLUMNS} FROM {s}.tombstones AS g"
+            " WHERE t.seq IS NULL AND g.seq = e.task_seq OFFSET 0) AS g ON true"
             " WHERE e.seq > $1 ORDER BY e.seq LIMIT $2"
         )
+        """The events after a seq, each with its task's columns: from its row or, when a
+        deleting finish removed the task, from its tombstone; all NULL for a task
+        deleted by cleanup. At most one of ``t`` and ``g`` has a row, so ``coalesce``
+        takes each column from it. The tombstone is looked up only for an event whose
+        task row is gone: ``OFFSET 0`` keeps the lateral subquery from being merged into
+        the join, so its test of ``t.seq`` is a one-time filter checked before the
+        lookup, and reading the events of kept tasks costs no lookup more."""
+        self.deleted_task = f"SELECT {TASK_COLUMNS} FROM {s}.tombstones WHERE id = $1"
         self.last_event = f"SELECT max(seq) FROM {s}.events"
         self.event_counter = (
             f"SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {s}.event_cursor"
         )
         self.prune_events = (
-            f"DELETE FROM {s}.events WHERE seq < coalesce((SELECT seq FROM {s}.events"
+            f"WITH g AS (DELETE FROM {s}.tombstones"
+            " WHERE deleted_at < now() - $1 * interval '1 second')"
+            f" DELETE FROM {s}.events WHERE seq < coalesce((SELECT seq FROM {s}.events"
             " WHERE at >= now() - $1 * interval '1 second' ORDER BY seq LIMIT 1),"
             " 9223372036854775807)"
+        )
+        """Delete the events older than $1 seconds (the prefix of the log before the
+        first younger one) and the tombstones of tasks deleted as long ago; the status
+        counts the events."""
+
+    def _finish_deleting(self, returning: str, selected: str, result: str) -> str:
+        """The finish statement of a batch of which some finish deletes its task: the
+        arguments of :attr:`finish`, then $19, the delete flags. ``returning``: the
+        updated rows' columns that ``selected`` (the columns of the result rows, read
+        from the updated and the deleted rows alike) and ``result`` need.
+
+        What a finish that does not delete does is :attr:`finish`'s, written the same
+        way. A deleting COMPLETE (``gone``) does not update its row: it deletes it,
+        returning the row the update would have written, and writes that as the
+        tombstone; its earlier attempts are deleted and this one is not logged. Its
+        aliases take its result from the tombstone (``settle_aliases_of_deleted``), its
+        dependents are settled by id (the four-argument ``settle_dependents``). A
+        deleting FAIL updates its row as any FAIL (a stop request committed meanwhile
+        makes it a RELEASE, which keeps the task; only the update decides that), and is
+        deleted, after its aliases and dependents are settled, by ``forget_tasks``
+        (``fg``), with its aliases and those of the deleted COMPLETEs. So every alias
+        and dependent is settled as keep mode settles it, from the values the deleted
+        task ended with (see 0008_tombstones.sql), and the events are keep mode's.
+
+        Whether a finish deletes without an update depends on its batch row only
+        (``v``), so each batch row reaches its task once, by one of the two
+        statements."""
+        s = self.quoted
+        gone_kind = f"v.del AND v.kind = {literal(FinishKind.COMPLETE.value)}"
+        written = {
+            **_COMPLETE_SETS,
+            "updated_at": "now()",
+            "worker_id": "NULL::text",
+            "lease_expires_at": "NULL::timestamptz",
+            "data": "coalesce(v.data::json, t.data)",
+        }
+        gone_columns = ", ".join(f"{written.get(c, f't.{c}')} AS {c}" for c in TOMBSTONE_COLUMNS)
+        kept = ", ".join(TOMBSTONE_COLUMNS)
+        replaced = ", ".join(
+            f"{c} = EXCLUDED.{c}" for c in (*TOMBSTONE_COLUMNS, "deleted_at") if c != "id"
+        )
+        logged = outcome_sql(FINISHES.values(), released="d.released", reported="d.outcome")
+        requeued = f"(SELECT {notify(18, 'work')} FROM done WHERE status = 'pending' LIMIT 1)"
+        deletable = ", ".join(literal(status.value) for status in DELETED_ON_FINISH)
+        return (
+            f"WITH {batch(_FINISH_ARRAYS + ', $19::boolean[]', _FINISH_BATCH_COLUMNS + ', del')},"
+            f" done AS (UPDATE {s}.tasks AS t SET {_FINISH_SET_LIST},"
+            " updated_at = now(), worker_id = NULL, lease_expires_at = NULL,"
+            " data = coalesce(v.data::json, t.data)"
+            f" FROM v WHERE {FENCE} AND NOT ({gone_kind})"
+            f" RETURNING {returning}, v.ord, t.attempts < v.attempt AS released,"
+            " v.attempt, v.worker_id AS lease_worker, v.started_at AS attempt_started,"
+            " v.finished_at AS attempt_finished, v.outcome, v.error AS attempt_error,"
+            f" v.del AND t.status IN ({deletable}) AS doomed),"
+            f" gone AS (DELETE FROM {s}.tasks AS t USING v WHERE {FENCE} AND {gone_kind}"
+            f" RETURNING {gone_columns}, v.ord),"
+            f" kept AS (INSERT INTO {s}.tombstones ({kept}, deleted_at)"
+            f" SELECT {kept}, now() FROM gone ON CONFLICT (id) DO UPDATE SET {replaced}"
+            " RETURNING seq, dedupe_key, alias_of),"
+            f" erased AS (DELETE FROM {s}.attempts"
+            " WHERE task_seq = ANY(ARRAY(SELECT seq FROM gone))),"
+            f" log AS (INSERT INTO {s}.attempts (task_seq, number, worker_id, started_at,"
+            " finished_at, outcome, error)"
+            " SELECT d.seq, d.attempt, d.lease_worker, d.attempt_started, d.attempt_finished,"
+            " o.outcome, CASE WHEN o.outcome = 'completed' THEN NULL ELSE d.attempt_error END"
+            f" FROM done AS d CROSS JOIN LATERAL (SELECT {logged} AS outcome) AS o"
+            " WHERE NOT d.doomed ORDER BY d.ord),"
+            # The aliases settled: of the updated leaders that ended, from their rows; of
+            # the deleted ones, from their tombstones (read by seq: kept is written first).
+            " al AS MATERIALIZED (SELECT s.alias_seq, s.leader_seq, false AS gone FROM"
+            " (SELECT array_agg(c.seq) AS seqs FROM done AS c"
+            f" WHERE c.dedupe_key IS NOT NULL AND c.alias_of IS NULL AND c.status IN ({_TERMINAL})"
+            " HAVING count(*) > 0) AS x"
+            f" CROSS JOIN LATERAL {s}.settle_aliases(x.seqs) AS s"
+            " UNION ALL SELECT s.alias_seq, s.leader_seq, true FROM"
+            " (SELECT array_agg(k.seq) AS seqs FROM kept AS k"
+            " WHERE k.dedupe_key IS NOT NULL AND k.alias_of IS NULL"
+            " HAVING count(*) > 0) AS x"
+            f" CROSS JOIN LATERAL {s}.settle_aliases_of_deleted(x.seqs) AS s),"
+            # Dependents: of the rows that ended and the aliases, by seq; of the deleted
+            # rows, by id.
+            f" dp AS MATERIALIZED (SELECT {s}.settle_dependents(coalesce(x.seqs, '{{}}'),"
+            " $17, $18, coalesce(y.ids, '{}')) AS cancelled FROM"
+            " (SELECT array_agg(z.seq) AS seqs FROM (SELECT c.seq FROM done AS c"
+            f" WHERE c.status IN ({_TERMINAL}) UNION ALL SELECT al.alias_seq FROM al) AS z) AS x"
+            " CROSS JOIN (SELECT array_agg(g.id) AS ids FROM gone AS g) AS y"
+            " WHERE x.seqs IS NOT NULL OR y.ids IS NOT NULL),"
+            # Then the deleting FAILs and the aliases of every deleted leader go: the
+            # aliases are told apart by a window over their leader's seq, not a join.
+            f" fg AS MATERIALIZED (SELECT {s}.forget_tasks(x.seqs) AS n FROM"
+            " (SELECT array_agg(w.seq) AS seqs FROM (SELECT z.seq,"
+            " bool_or(z.doomed) OVER (PARTITION BY z.leader) AS doomed FROM"
+            " (SELECT d.seq, d.seq AS leader, true AS doomed FROM done AS d WHERE d.doomed"
+            " UNION ALL SELECT al.alias_seq, al.leader_seq, al.gone FROM al) AS z) AS w"
+            " WHERE w.doomed HAVING count(*) > 0) AS x WHERE (SELECT count(*) FROM dp) >= 0),"
+            " fin AS (SELECT d.seq, d.status, d.released, d.ord FROM done AS d"
+            " UNION ALL SELECT g.seq, g.status, false, g.ord FROM gone AS g),"
+            f" {gate('fin', 17, [notify(18, 'events'), requeued], also='al')},"
+            f" {self._events_of(f'SELECT d.seq, {_FINISH_EVENT}, d.status, d.ord FROM fin AS d')}"
+            # dp runs before fg (fg's one-time filter reads it), fg before the result.
+            f" SELECT {result} FROM (SELECT {selected} FROM done UNION ALL"
+            f" SELECT {selected} FROM gone) AS r"
+            " WHERE (SELECT count(*) FROM fg) >= 0 AND (SELECT count(*) FROM dp) >= 0"
         )
 
     def _aliases_of(self, changed: str) -> str:

@@ -21,6 +21,10 @@ Design:
   a race for a leader is retried and becomes an alias (:mod:`taskmill_postgres.enqueue`).
 - The database clock (``now()``) is the store clock: every worker on every machine
   agrees on it.
+- Delete on finish (``Finish.delete``) is a variant of the finish statement, run only for
+  a batch that has a deleting finish; each deleted task's last snapshot is kept in
+  ``tombstones`` for the event reader and :meth:`PostgresStorage.deleted_task` (see
+  ``Statements._finish_deleting`` and ``migrations/0008_tombstones.sql``).
 
 Each method here runs its statement (:mod:`taskmill_postgres.statements`) on the pool,
 or hands a multi-statement transaction to the module of its concern (``enqueue``,
@@ -67,7 +71,12 @@ from taskmill.storage import (
 )
 
 from taskmill_postgres import rows, schema
-from taskmill_postgres.arguments import finish_arrays, lease_arrays, progress_arrays
+from taskmill_postgres.arguments import (
+    delete_flags,
+    finish_arrays,
+    lease_arrays,
+    progress_arrays,
+)
 from taskmill_postgres.cancellation import Cancellation
 from taskmill_postgres.connection import UNAVAILABLE, Database, Record
 from taskmill_postgres.enqueue import Enqueue, Inserted
@@ -115,7 +124,6 @@ class PostgresStorage(TaskStorage):
         transactions_across_records=True,
         commit_ordered_cursors=True,
         handler_registrations=True,
-        delete_on_finish=False,
     )
 
     def __init__(self, parsed: ParsedURL, *, url: str) -> None:
@@ -306,7 +314,9 @@ class PostgresStorage(TaskStorage):
         """Apply many attempt ends with one statement (see ``Statements.finish``): every
         finish kind at once from arrays, each fenced by (id, RUNNING, worker id,
         attempt), with the execution-log rows, the terminal leaders' aliases, the
-        events and the notification.
+        events and the notification. A batch of which some finish deletes its task
+        (``Finish.delete``) runs ``Statements.finish_deleting`` instead, which also
+        deletes those tasks and writes their tombstones in the same statement.
 
         A task named twice in one call is finished in call order (the second finds its
         lease gone, as if the calls were made one after the other): one statement per
@@ -319,12 +329,7 @@ class PostgresStorage(TaskStorage):
         async def apply(conn: Conn) -> list[Task | None]:
             results: list[Task | None] = [None] * len(finishes)
             for indexes in rounds:
-                done = await conn.fetch(
-                    self.sql.finish,
-                    *finish_arrays(finishes, indexes),
-                    self._events_lock,
-                    self.channel,
-                )
+                done = await self._finish(conn, finishes, indexes, applied=False)
                 for row in done:
                     results[indexes[row["ord"] - 1]] = rows.task(row)
             return results
@@ -342,17 +347,32 @@ class PostgresStorage(TaskStorage):
         async def apply(conn: Conn) -> list[bool]:
             applied = [False] * len(finishes)
             for indexes in rounds:
-                done = await conn.fetch(
-                    self.sql.finish_applied,
-                    *finish_arrays(finishes, indexes),
-                    self._events_lock,
-                    self.channel,
-                )
+                done = await self._finish(conn, finishes, indexes, applied=True)
                 for row in done:
                     applied[indexes[row[0] - 1]] = True
             return applied
 
         return await self._db.run(apply, transaction=len(rounds) > 1)
+
+    async def _finish(
+        self, conn: Conn, finishes: Sequence[Finish], indexes: list[int], *, applied: bool
+    ) -> list[Record]:
+        """Run the finish statement of ``finishes[indexes]``: :attr:`Statements.finish`
+        (``finish_applied``), or, when some of them delete their task,
+        ``finish_deleting`` (``finish_deleting_applied``), which takes their delete
+        flags as one more argument."""
+        arrays = finish_arrays(finishes, indexes)
+        flags = delete_flags(finishes, indexes)
+        sql = self.sql
+        if flags is None:
+            statement = sql.finish_applied if applied else sql.finish
+            found: list[Record] = await conn.fetch(
+                statement, *arrays, self._events_lock, self.channel
+            )
+            return found
+        statement = sql.finish_deleting_applied if applied else sql.finish_deleting
+        found = await conn.fetch(statement, *arrays, self._events_lock, self.channel, flags)
+        return found
 
     async def renew_leases(
         self, leases: Sequence[Lease], lease_seconds: float
@@ -443,6 +463,17 @@ class PostgresStorage(TaskStorage):
             return row
 
         row = await self._db.run(get)
+        return None if row is None else rows.task(row)
+
+    async def deleted_task(self, task_id: str) -> Task | None:
+        """The tombstone of a task its finish deleted (``Finish.delete``), from one
+        lookup of ``tombstones`` by id; None for any other id."""
+
+        async def read(conn: Conn) -> Record | None:
+            row: Record | None = await conn.fetchrow(self.sql.deleted_task, task_id)
+            return row
+
+        row = await self._db.run(read)
         return None if row is None else rows.task(row)
 
     async def query(
@@ -622,7 +653,8 @@ class PostgresStorage(TaskStorage):
     ) -> tuple[list[TaskEvent], str]:
         """Up to ``limit`` events after cursor ``after`` in seq (commit) order, each
         with its task's current snapshot, from one ``SELECT``. ``after`` None returns
-        the cursor of the last event committed. Events whose task was deleted are
+        the cursor of the last event committed. Events of a task a deleting finish
+        removed carry its tombstone; those of tasks deleted by :meth:`cleanup` are
         skipped, and the returned cursor moves past them too. Cursors are the seq
         written by :func:`taskmill.cursors.position_token`; any other ``after`` raises
         :class:`~taskmill.errors.InvalidCursor`."""
@@ -644,7 +676,8 @@ class PostgresStorage(TaskStorage):
     async def prune_events(self, older_than: timedelta) -> int:
         """Delete the events recorded more than ``older_than`` ago: the prefix of the
         log before the first younger one (so never a young one, even when the clocks of
-        transactions disagree a little); how many."""
+        transactions disagree a little); and, in the same statement, the tombstones of
+        tasks deleted that long ago. Returns how many events."""
         seconds = older_than.total_seconds()
 
         async def prune(conn: Conn) -> int:
