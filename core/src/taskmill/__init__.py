@@ -2,6 +2,7 @@
 
 from taskmill.app import Taskmill
 from taskmill.backoff import RetryPolicy
+from taskmill.canvas import Chain, Chord, Group
 from taskmill.context import Context, Deferred
 from taskmill.errors import (
     BackendNotInstalled,
@@ -61,6 +62,8 @@ __all__ = [
     "BatchOptions",
     "CancelReason",
     "Cancelled",
+    "Chain",
+    "Chord",
     "ConfigurationError",
     "Context",
     "Deferred",
@@ -68,6 +71,7 @@ __all__ = [
     "DuplicateTaskId",
     "EventKind",
     "Fail",
+    "Group",
     "Handler",
     "HandlerConflict",
     "HandlerRegistrar",

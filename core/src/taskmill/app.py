@@ -12,6 +12,7 @@ from typing import Any, Self, TypeVar, Unpack
 import attrs
 
 from taskmill.backoff import RetryPolicy
+from taskmill.canvas import serve_builtins
 from taskmill.discovery import resolve_url, storage_for_url
 from taskmill.errors import InvalidInput, InvalidTaskSpec, TaskmillError, UnknownTaskType
 from taskmill.hosts import AttachedWorker
@@ -640,7 +641,9 @@ class Taskmill(TaskOperations):
     def worker(
         self, options: WorkerOptions | None = None, /, **overrides: Unpack[WorkerArgs]
     ) -> Worker[Self]:
-        """A :class:`~taskmill.worker.Worker` for this object's handlers and storage.
+        """A :class:`~taskmill.worker.Worker` for this object's handlers and storage,
+        and for the roots of groups (``taskmill.group``, registered here the first time:
+        see docs/canvas.md).
 
         Takes the fields of :class:`~taskmill.WorkerOptions` as keyword arguments
         (``concurrency`` 10, ``reserved_high_priority_slots`` 1, ``worker_id``,
@@ -653,6 +656,7 @@ class Taskmill(TaskOperations):
         chosen = options or WorkerOptions()
         if overrides:
             chosen = attrs.evolve(chosen, **overrides)
+        serve_builtins(self.registry)  # every worker serves group roots (docs/canvas.md)
         return Worker(self, chosen)
 
     async def run_worker(

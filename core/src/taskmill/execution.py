@@ -23,6 +23,8 @@ from taskmill import tracebacks
 from taskmill.attempt_hooks import AttemptHooks
 from taskmill.backoff import RetryPolicy
 from taskmill.batching import Batcher
+from taskmill.canvas import CANVAS_KEY
+from taskmill.canvas_inputs import member_params
 from taskmill.context import Context
 from taskmill.errors import Cancelled, Detached, Fail, Retry, TaskmillError
 from taskmill.handler_threads import run_in_thread
@@ -233,6 +235,10 @@ class AttemptRunner:
 
     async def _call_handler(self, execution: Execution) -> Any:
         handler, ctx, params = execution.handler, execution.ctx, execution.task.params
+        if CANVAS_KEY in params:  # a chain's, group's or chord's task (docs/canvas.md)
+            params = await member_params(
+                self._storage, execution.task, batch=handler.batch is not None
+            )
         if handler.batch is not None:
             return await self.batcher.run(handler, ctx)
         func = cast(HandlerFunc, handler.func)

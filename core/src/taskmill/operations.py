@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import functools
 import math
 import os
 import time
@@ -23,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from taskmill import canvas
+from taskmill.canvas import Chain, Chord, Group
 from taskmill.errors import InvalidTaskSpec, TaskNotFound, WaitTimeout
 from taskmill.model import (
     ACTIVE_STATUSES,
@@ -37,7 +40,7 @@ from taskmill.model import (
     TaskSpec,
     TaskStatus,
 )
-from taskmill.storage import StoreChange
+from taskmill.storage import NewTask, StoreChange
 from taskmill.validation import APP_ID_MAX, TASK_TYPE_MAX, check_key, check_page, is_task_id
 
 if TYPE_CHECKING:
@@ -237,8 +240,15 @@ class TaskOperations:
                 await self._require(parent_id)
         ids = _fresh_ids(len(specs))
         new_tasks = [host.new_task(spec, task_id) for spec, task_id in zip(specs, ids, strict=True)]
+        return await self._store(new_tasks)
+
+    async def _store(self, new_tasks: list[NewTask], *, wake: bool = True) -> list[Task]:
+        """Store checked tasks in one call, wake this process's workers (unless not
+        ``wake``) and tell the plugins."""
+        host = self._host
         tasks = await host.storage.enqueue(new_tasks)
-        host.notify_workers()
+        if wake:
+            host.notify_workers()
         if host.plugins.observes_enqueues:
             await host.plugins.tasks_enqueued(tasks)
         return tasks
@@ -264,6 +274,88 @@ class TaskOperations:
                 changes["app_id"] = parent.app_id
             children.append(attrs.evolve(spec, **changes))
         return await self._enqueue_specs(children)
+
+    # -- chains, groups and chords (docs/canvas.md) --------------------------------------
+
+    async def chain(self, *links: TaskSpecLike, pass_result: bool | str = False) -> Chain:
+        """Store a chain: each link runs once the previous one has COMPLETED; a link
+        that fails or is cancelled cancels the links after it.
+
+        ``pass_result=True`` passes each link's result to the next one as its params
+        key ``"input"`` (a str: that key), read from the store when the next link's
+        attempt starts. The chain's ``id`` is its last link's, whose result is the
+        chain's; the earlier links are its children, so ``tm.cancel(chain.id)`` cancels
+        them all.
+
+        :raises InvalidTaskSpec: no link, a link with a ``dedupe_key``, a
+            ``parent_id`` or an ``after_policy``, links of several apps, or a link whose
+            params already have the key the result is passed in. Nothing is stored.
+        """
+        specs = self._canvas_specs(links)
+        plan = canvas.plan_chain(specs, pass_result, self._host.new_task)
+        await self._store_plan(plan)
+        return Chain(plan.root, ops=self, links=plan.members)
+
+    async def group(self, members: Iterable[TaskSpecLike]) -> Group:
+        """Store a group: its members run independently, as children of a root task
+        (``group.id``, type ``taskmill.group``, served by every worker) that ends once
+        they all have: COMPLETED with the list of their results in order, or FAILED
+        naming those that did not complete. ``tm.cancel(group.id)`` cancels them all.
+
+        :raises InvalidTaskSpec: see :meth:`chain`.
+        """
+        specs = self._canvas_specs(members)
+        plan = canvas.plan_group(specs, self._host.new_task)
+        await self._store_plan(plan)
+        return Group(plan.root, ops=self, members=plan.members)
+
+    async def chord(
+        self,
+        members: Iterable[TaskSpecLike],
+        callback: TaskSpecLike,
+        *,
+        pass_result: bool | str = True,
+    ) -> Chord:
+        """Store a chord: ``members`` run independently, as children of ``callback``
+        (``chord.id``), which runs once every one of them has COMPLETED, with their
+        results in order as its params key ``"input"`` (``pass_result``: another key,
+        or False for none). A member that fails or is cancelled cancels the callback.
+
+        :raises InvalidTaskSpec: see :meth:`chain`.
+        """
+        specs = self._canvas_specs(members)
+        (last,) = self._canvas_specs([callback])
+        plan = canvas.plan_chord(specs, last, pass_result, self._host.new_task)
+        await self._store_plan(plan)
+        return Chord(plan.root, ops=self, members=plan.members)
+
+    def _canvas_specs(self, values: Iterable[TaskSpecLike]) -> list[TaskSpec]:
+        self._host.check_open()
+        if not self._host.storage.capabilities.dependencies:
+            raise InvalidTaskSpec(
+                "chains, groups and chords need a store that keeps task dependencies, and "
+                f"{type(self._host.storage).__name__} does not (docs/backends.md)"
+            )
+        if isinstance(values, TaskSpec | Mapping):
+            raise InvalidTaskSpec("give the tasks of a group or chord as a list of specs")
+        return [self._stamped(TaskSpec.from_value(value)) for value in values]
+
+    async def _store_plan(self, plan: canvas.CanvasPlan) -> None:
+        # This process's workers are woken once the whole canvas is stored: one that
+        # started the first task earlier would find the root missing and store the rest
+        # itself (harmless: the same ids; but it is the path for a creator that died).
+        await canvas.store_plan(
+            plan,
+            get=self._host.storage.get,
+            enqueue=functools.partial(self._store, wake=False),
+            rollback=self._roll_back,
+        )
+        self._host.notify_workers()
+
+    async def _roll_back(self, task_ids: list[str]) -> None:
+        """Cancel the tasks of a canvas whose storing failed half-way."""
+        changed = await self._host.storage.cancel(task_ids=task_ids, cascade=False)
+        await self._cancelled(changed)
 
     # -- reading -----------------------------------------------------------------------
 

@@ -159,9 +159,9 @@ def _table(**options: Any) -> Table:
 # -- tasks --------------------------------------------------------------------------
 
 
-def task_list(tasks: Sequence[Task], now: datetime) -> Table:
-    """``taskmill ls``: one task per row."""
-    table = _table()
+def task_list(tasks: Sequence[Task], now: datetime, *, title: str | None = None) -> Table:
+    """``taskmill ls`` (and the children ``taskmill show`` lists): one task per row."""
+    table = _table() if title is None else _table(title=title, title_justify="left")
     for name, justify in (
         ("id", "left"),
         ("type", "left"),

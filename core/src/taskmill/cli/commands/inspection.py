@@ -11,6 +11,7 @@ import attrs
 from rich.text import Text
 
 from taskmill.app import Taskmill
+from taskmill.canvas import serve_builtins
 from taskmill.cli.arguments import AddCommand, add_handler_options
 from taskmill.cli.messages import EXIT_OK
 from taskmill.cli.rendering import (
@@ -138,6 +139,7 @@ async def stats(args: argparse.Namespace, settings: Settings) -> int:
         else:
             console().print(summary_table(summaries))
         sys.stdout.flush()
+        serve_builtins(tm.registry)  # every worker serves group roots: not unserved
         await report_unserved(
             tm,
             list(tm.registry),

@@ -174,16 +174,27 @@ async def ls(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+CHILDREN_SHOWN = 20
+"""``taskmill show`` lists at most this many of a task's children (the oldest)."""
+
+
 async def show(args: argparse.Namespace, settings: Settings) -> int:
-    """Print every field of one task and its attempt log."""
+    """Print every field of one task, its attempt log and its first children (a chain's,
+    group's or chord's tasks are children of its root: docs/canvas.md)."""
     async with open_taskmill(settings, "show", reads=True, strict_plugins=False) as tm:
         task = await find_task(tm, args.task_id)
         attempts = await tm.attempts(task.id)
+        children = await tm.query(TaskFilter(parent_id=task.id), limit=CHILDREN_SHOWN)
+        total = len(children)
+        if total == CHILDREN_SHOWN:
+            total = (await tm.progress_summary(TaskFilter(parent_id=task.id))).total
     if args.json:
         print_json(
             {
                 "task": to_dict(task),
                 "attempts": [dict(to_dict(a), elapsed_ms=a.elapsed_ms) for a in attempts],
+                "children": [to_dict(c) for c in children],
+                "children_total": total,
             }
         )
         return EXIT_OK
@@ -193,6 +204,9 @@ async def show(args: argparse.Namespace, settings: Settings) -> int:
         out.print(attempt_log(attempts))
     else:
         out.print("no attempts yet")
+    if children:
+        shown = f"the first {len(children)} of {total}" if total > len(children) else total
+        out.print(task_list(children, utcnow(), title=f"children ({shown})"))
     return EXIT_OK
 
 
