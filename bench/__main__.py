@@ -5,6 +5,6 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from commands import main  # noqa: E402
+from commands import main
 
 sys.exit(main(sys.argv[1:]))
