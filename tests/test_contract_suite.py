@@ -151,7 +151,12 @@ def test_requires_names_capabilities_that_exist():
 
 def test_lacking_lists_the_false_flags_in_field_order():
     caps = StorageCapabilities(durable=False, notifications=True, commit_ordered_cursors=False)
-    assert caps.lacking() == ("durable", "commit_ordered_cursors", "handler_registrations")
+    assert caps.lacking() == (
+        "durable",
+        "commit_ordered_cursors",
+        "handler_registrations",
+        "worker_registry",
+    )
 
 
 _THIRD_PARTY = '''

@@ -117,8 +117,8 @@ async def test_the_schema_version_is_stored(tmp_path: Path):
     assert stored_version(path) == str(latest_version())
 
 
-def test_the_current_schema_is_version_6_with_the_tombstones():
-    assert latest_version() == 6
+def test_the_current_schema_is_version_7_with_the_workers():
+    assert latest_version() == 7
     assert [m.name for m in migrations()] == [
         "0001_initial.sql",
         "0002_control.sql",
@@ -126,6 +126,7 @@ def test_the_current_schema_is_version_6_with_the_tombstones():
         "0004_dependencies.sql",
         "0005_rate_limits.sql",
         "0006_tombstones.sql",
+        "0007_workers.sql",
     ]
 
 

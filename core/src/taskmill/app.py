@@ -63,6 +63,7 @@ from taskmill.validation import (
 )
 from taskmill.worker import Worker
 from taskmill.worker_options import WorkerArgs, WorkerOptions
+from taskmill.workers import WorkerStatus, statuses
 
 F = TypeVar("F", bound=HandlerFunc | BatchHandlerFunc)
 
@@ -637,6 +638,18 @@ class Taskmill(TaskOperations):
         )
 
     # -- workers -----------------------------------------------------------------------
+
+    async def workers(self) -> list[WorkerStatus]:
+        """The workers registered in the store, from every process sharing it: live
+        ones first (their last heartbeat younger than their lease), then the dead ones
+        whose records are not pruned yet (docs/workers.md). Every app's workers: on
+        the host ``Taskmill`` only.
+
+        :raises TaskmillError: the store keeps no worker registry
+            (``capabilities.worker_registry``).
+        """
+        self.check_open()
+        return statuses(await self.storage.workers())
 
     def worker(
         self, options: WorkerOptions | None = None, /, **overrides: Unpack[WorkerArgs]

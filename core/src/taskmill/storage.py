@@ -106,6 +106,10 @@ class StorageCapabilities:
     handler_registrations: bool = False
     """The backend keeps :class:`HandlerRegistration` records (the ``*_handler_
     registration`` methods work)."""
+    worker_registry: bool = False
+    """The backend keeps the workers' registrations (:meth:`TaskStorage.put_worker`):
+    every worker registers itself and heartbeats, so that ``tm.workers()``, ``taskmill
+    workers`` and the dashboard list the live ones from any process."""
     delete_on_finish: bool = True
     """The store honours :attr:`Finish.delete` (docs/retention.md, "Delete on
     complete"): a task that a finish ends COMPLETED or FAILED is deleted in the same
@@ -369,6 +373,17 @@ class ProgressUpdate:
     lease: Lease
     progress: Progress | None = None
     data: dict[str, JSON] | None = None
+
+
+@attrs.frozen
+class StoredWorker:
+    """A worker's registration as a store keeps it (:meth:`TaskStorage.put_worker`)."""
+
+    id: str
+    heartbeat_at: datetime = attrs.field(validator=_tz_aware)
+    """The store's clock at the last ``put_worker``."""
+    record: str
+    """The core's JSON text (:class:`taskmill.workers.WorkerRecord`)."""
 
 
 @attrs.frozen
@@ -785,6 +800,46 @@ class TaskStorage(abc.ABC):
     async def prune_events(self, older_than: timedelta) -> int:
         """Delete events recorded more than ``older_than`` ago, and the tombstones of
         tasks deleted that long ago (:attr:`Finish.delete`); returns how many events."""
+
+    # -- worker registry (capability ``worker_registry``) ----------------------------
+
+    async def put_worker(self, worker_id: str, record: str) -> None:
+        """Store (or replace) the registration of worker ``worker_id``: ``record`` is
+        the core's JSON text of it (opaque to the store, at most 64 KiB), and its
+        heartbeat is the store's clock now.
+
+        :raises TaskmillError: the backend keeps no worker registry
+            (``capabilities.worker_registry`` is False).
+        """
+        raise self._no_worker_registry()
+
+    async def workers(self) -> list[StoredWorker]:
+        """Every stored worker registration, by worker id.
+
+        :raises TaskmillError: the backend keeps no worker registry.
+        """
+        raise self._no_worker_registry()
+
+    async def remove_worker(self, worker_id: str) -> bool:
+        """Delete the registration of ``worker_id``; whether there was one.
+
+        :raises TaskmillError: the backend keeps no worker registry.
+        """
+        raise self._no_worker_registry()
+
+    async def prune_workers(self, older_than: timedelta) -> int:
+        """Delete the registrations whose last heartbeat is more than ``older_than``
+        ago (by the store's clock); how many.
+
+        :raises TaskmillError: the backend keeps no worker registry.
+        """
+        raise self._no_worker_registry()
+
+    def _no_worker_registry(self) -> TaskmillError:
+        return TaskmillError(
+            f"{type(self).__name__} keeps no worker registry (capabilities.worker_registry"
+            " is False): workers run, but no process can list them"
+        )
 
     # -- handler registrations (capability ``handler_registrations``) -----------------
 

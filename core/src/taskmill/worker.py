@@ -29,6 +29,7 @@ import time
 import typing
 import uuid
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic
 
 from taskmill.backoff import RetryPolicy
@@ -45,6 +46,7 @@ from taskmill.slots import Slots
 from taskmill.storage import ChangeListener, Finish, FinishKind, StoreChange, utcnow
 from taskmill.waiting import cancel_and_wait, wait_event, within
 from taskmill.worker_options import WorkerOptions
+from taskmill.workers import PRUNE_AFTER_LEASES, handlers_of, new_record, record_json
 
 if TYPE_CHECKING:
     # A default (PEP 696) lets ``Worker`` alone, as plugins annotate hook arguments,
@@ -109,6 +111,8 @@ class Worker(Generic[HostT]):
         self.app_ids: frozenset[str | None] | None = options.app_ids
         """Only tasks of these apps are claimed (None for the host's own; None: all)."""
         self.lease_seconds = options.lease_seconds
+        self._registered_at: datetime | None = None
+        """When this worker first registered in the store (None: not registered)."""
         self.poll_interval = max(options.poll_interval, options.min_poll_interval)
         self.min_poll_interval = options.min_poll_interval
         self.rescue_interval = options.rescue_interval or max(0.05, options.lease_seconds / 3)
@@ -496,7 +500,8 @@ class Worker(Generic[HostT]):
                 self._leases.check_soon()
 
     async def _housekeeping_once(self) -> None:
-        """Rescue expired leases, prune the event log, and run the periodic cleanup."""
+        """Rescue expired leases, prune the event log, run the periodic cleanup, and
+        heartbeat in the worker registry."""
         await self._leases.rescue_once()
         storage = self._host.storage
         await storage.prune_events(self.event_retention)
@@ -508,13 +513,48 @@ class Worker(Generic[HostT]):
             deleted = await storage.cleanup(self.cleanup_older_than)
             if deleted:
                 log.info("cleanup deleted %d finished tasks", deleted)
+        await self._heartbeat()
+
+    async def _heartbeat(self) -> None:
+        """Write this worker's registration (docs/workers.md), and prune those of
+        workers dead for :data:`~taskmill.workers.PRUNE_AFTER_LEASES` leases."""
+        storage = self._host.storage
+        if not storage.capabilities.worker_registry:
+            return
+        slots = self._slots
+        record = new_record(
+            self.worker_id,
+            started_at=self._registered_at or utcnow(),
+            lease_seconds=self.lease_seconds,
+            concurrency=self.concurrency,
+            handlers=handlers_of(self._claimer.served_handlers()),
+            running=list(slots.running),
+            queued=len(slots.queued),
+            processed=self.processed,
+        )
+        self._registered_at = record.started_at
+        await storage.put_worker(self.worker_id, record_json(record))
+        await storage.prune_workers(timedelta(seconds=PRUNE_AFTER_LEASES * self.lease_seconds))
+
+    async def _unregister(self) -> None:
+        """Remove this worker's registration as it stops (a failure only leaves it to
+        be listed dead, then pruned)."""
+        if self._registered_at is None:
+            return
+        self._registered_at = None
+        try:
+            await within(self._host.storage.remove_worker(self.worker_id), 5.0)
+        except Exception:
+            log.warning("stopping: removing this worker's registration failed", exc_info=True)
 
     async def _housekeeping_loop(self) -> None:
         while True:
             try:
                 await self._housekeeping_once()
             except Exception:
-                log_retried_failure(log, "housekeeping (rescue, event pruning, cleanup) failed")
+                log_retried_failure(
+                    log, "housekeeping (rescue, event pruning, cleanup, heartbeat) failed"
+                )
             await asyncio.sleep(self.rescue_interval)
 
     # -- shutdown -----------------------------------------------------------------------
@@ -592,6 +632,7 @@ class Worker(Generic[HostT]):
                 except Exception:
                     log.exception("closing the store's change listener failed")
             self._release_resources()
+            await self._unregister()
             if self._host.plugins.observes_workers:
                 await self._host.plugins.worker_stopped(self)
 

@@ -72,6 +72,7 @@ from taskmill.storage import (
     NewTask,
     ProgressUpdate,
     StorageCapabilities,
+    StoredWorker,
     TaskStorage,
     from_timestamp,
     wall_clock,
@@ -102,6 +103,7 @@ class MemoryStorage(TaskStorage):
         transactions_across_records=True,
         commit_ordered_cursors=True,
         handler_registrations=True,
+        worker_registry=True,
     )
 
     def __init__(self, url: str = "memory://") -> None:
@@ -131,6 +133,8 @@ class MemoryStorage(TaskStorage):
         # Tasks deleted by their finish (Finish.delete): the last snapshot and the POSIX
         # time, kept while the event log keeps events of that age.
         self._tombstones: dict[str, tuple[Task, float]] = {}
+        self._workers: dict[str, tuple[str, float]] = {}
+        """Worker registrations: record text and heartbeat (POSIX time), by id."""
 
     def _emit(self, kind: EventKind, task: Task, at: float) -> None:
         self._event_seq += 1
@@ -678,6 +682,31 @@ class MemoryStorage(TaskStorage):
         if self._tombstones:
             self._tombstones = {i: g for i, g in self._tombstones.items() if g[1] >= cutoff}
         return keep
+
+    # -- worker registry -------------------------------------------------------------
+
+    async def put_worker(self, worker_id: str, record: str) -> None:
+        self._check_open()
+        self._workers[worker_id] = (record, wall_clock())
+
+    async def workers(self) -> list[StoredWorker]:
+        self._check_open()
+        return [
+            StoredWorker(id=i, heartbeat_at=from_timestamp(at), record=record)
+            for i, (record, at) in sorted(self._workers.items())
+        ]
+
+    async def remove_worker(self, worker_id: str) -> bool:
+        self._check_open()
+        return self._workers.pop(worker_id, None) is not None
+
+    async def prune_workers(self, older_than: timedelta) -> int:
+        self._check_open()
+        cutoff = wall_clock() - older_than.total_seconds()
+        old = [i for i, (_, at) in self._workers.items() if at < cutoff]
+        for worker_id in old:
+            del self._workers[worker_id]
+        return len(old)
 
     # -- handler registrations -----------------------------------------------------
 

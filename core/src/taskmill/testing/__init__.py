@@ -23,7 +23,8 @@ It then runs every test of every topic module: :mod:`~taskmill.testing.tasks`,
 :mod:`~taskmill.testing.control`, :mod:`~taskmill.testing.events`,
 :mod:`~taskmill.testing.migrations`, :mod:`~taskmill.testing.concurrency`,
 :mod:`~taskmill.testing.reference`, :mod:`~taskmill.testing.registrations`,
-:mod:`~taskmill.testing.retention` (delete on finish) and
+:mod:`~taskmill.testing.retention` (delete on finish),
+:mod:`~taskmill.testing.workers` (the worker registry) and
 :mod:`~taskmill.testing.edges` (unusual input through a ``Taskmill`` on the store: the
 ``edge_taskmill`` fixture, which a backend whose store cannot be rebuilt from its
 ``url`` overrides).
@@ -89,6 +90,7 @@ from taskmill.testing.registrations import HandlerRegistrationContract
 from taskmill.testing.retention import RetentionContract
 from taskmill.testing.task_ids import TaskIdContract
 from taskmill.testing.tasks import TaskContract
+from taskmill.testing.workers import WorkerRegistryContract
 
 __all__ = [
     "SCENARIOS",
@@ -135,6 +137,7 @@ class StorageContract(
     LimitContract,
     EdgeContract,
     RetentionContract,
+    WorkerRegistryContract,
 ):
     """The semantics every :class:`~taskmill.TaskStorage` must have: every topic's tests.
 

@@ -91,6 +91,7 @@ from taskmill.storage import (
     Lease,
     NewTask,
     ProgressUpdate,
+    StoredWorker,
 )
 
 _STARTED: Final = EventKind.STARTED.value
@@ -708,3 +709,32 @@ def prune_events(conn: sqlite3.Connection, older_than: timedelta) -> int:
     if first_young is None:
         return conn.execute("DELETE FROM events WHERE at < ?", (cutoff,)).rowcount
     return conn.execute("DELETE FROM events WHERE seq < ?", (first_young[0],)).rowcount
+
+
+# -- the worker registry -----------------------------------------------------------------
+
+
+def put_worker(conn: sqlite3.Connection, args: tuple[str, str]) -> None:
+    worker_id, record = args
+    conn.execute(
+        "INSERT OR REPLACE INTO workers (id, heartbeat_at, record) VALUES (?, ?, ?)",
+        (worker_id, now_us(), record),
+    )
+
+
+def workers(conn: sqlite3.Connection, _: None) -> list[StoredWorker]:
+    return [
+        StoredWorker(id=i, heartbeat_at=as_datetime(at), record=record)
+        for i, at, record in conn.execute(
+            "SELECT id, heartbeat_at, record FROM workers ORDER BY id"
+        )
+    ]
+
+
+def remove_worker(conn: sqlite3.Connection, worker_id: str) -> bool:
+    return conn.execute("DELETE FROM workers WHERE id = ?", (worker_id,)).rowcount > 0
+
+
+def prune_workers(conn: sqlite3.Connection, older_than: timedelta) -> int:
+    cutoff = now_us() - older_than // ONE_US
+    return conn.execute("DELETE FROM workers WHERE heartbeat_at < ?", (cutoff,)).rowcount

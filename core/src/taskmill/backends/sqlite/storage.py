@@ -60,6 +60,7 @@ from taskmill.storage import (
     NewTask,
     ProgressUpdate,
     StorageCapabilities,
+    StoredWorker,
     TaskStorage,
 )
 
@@ -88,6 +89,7 @@ class SQLiteStorage(SQLiteDatabase, TaskStorage):
         transactions_across_records=True,
         commit_ordered_cursors=True,
         handler_registrations=True,
+        worker_registry=True,
     )
 
     @classmethod
@@ -301,6 +303,24 @@ class SQLiteStorage(SQLiteDatabase, TaskStorage):
         """Delete the events recorded more than ``older_than`` ago, and the tombstones
         as old; how many events."""
         return await self._run(self._write, operations.prune_events, older_than)
+
+    # -- the worker registry -----------------------------------------------------------
+
+    async def put_worker(self, worker_id: str, record: str) -> None:
+        """Replace the registration of ``worker_id``, its heartbeat the store clock."""
+        await self._run(self._write, operations.put_worker, (worker_id, record))
+
+    async def workers(self) -> list[StoredWorker]:
+        """Every registration, by worker id."""
+        return await self._run(self._read, operations.workers, None)
+
+    async def remove_worker(self, worker_id: str) -> bool:
+        """Delete the registration of ``worker_id``; whether there was one."""
+        return await self._run(self._write, operations.remove_worker, worker_id)
+
+    async def prune_workers(self, older_than: timedelta) -> int:
+        """Delete registrations whose heartbeat is older than ``older_than``."""
+        return await self._run(self._write, operations.prune_workers, older_than)
 
     # -- handler registrations (registrations.py) -------------------------------------
 
