@@ -198,6 +198,7 @@ async def test_the_schema_has_the_tables_and_the_functions_the_statements_use(
     assert {r[0] for r in catalog["tables"]} >= {
         "tasks", "attempts", "events", "suspensions", "taskmill_meta", "tasks_claim",
         "task_dependencies", "tombstones", "tombstones_id_key", "tombstones_age",
+        "workers", "workers_pkey",
     }  # fmt: skip
     assert sorted((r[0], r[1]) for r in catalog["functions"]) == [
         ("forget_tasks", "task_seqs bigint[]"),
@@ -340,6 +341,38 @@ async def test_migrate_creates_the_schema_and_is_idempotent(postgres_url: str):
             ) == str(latest_version())
         finally:
             await conn.close()
+    finally:
+        await store.close()
+
+
+def test_the_current_schema_is_version_9_with_the_workers():
+    assert latest_version() == 9
+    assert [m.name for m in pg_schema.migrations()] == [
+        "0001_initial.sql",
+        "0002_handler_registrations.sql",
+        "0003_dependencies.sql",
+        "0004_rate_limits.sql",
+        "0005_settle_dependents_fast_path.sql",
+        "0006_bytewise_keys.sql",
+        "0007_dependents_settle_aliases.sql",
+        "0008_tombstones.sql",
+        "0009_workers.sql",
+    ]
+
+
+async def test_an_older_schema_migrates_to_the_worker_registry(postgres_url: str):
+    """``migrate()`` takes a schema at version 8 to 9, and the registry then works."""
+    store = PostgresStorage.from_url(postgres_url)
+    conn = await raw()
+    try:
+        assert await pg_schema.apply_pending(conn, store.schema, "test", up_to=8) == 8
+    finally:
+        await conn.close()
+    assert await store.migrate() == 9
+    await store.open()
+    try:
+        await store.put_worker("w", '{"a":1}')
+        assert [(w.id, w.record) for w in await store.workers()] == [("w", '{"a":1}')]
     finally:
         await store.close()
 

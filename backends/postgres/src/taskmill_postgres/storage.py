@@ -67,6 +67,7 @@ from taskmill.storage import (
     ProgressUpdate,
     StorageCapabilities,
     StoreChange,
+    StoredWorker,
     TaskStorage,
 )
 
@@ -93,6 +94,7 @@ from taskmill_postgres.options import (
 from taskmill_postgres.registrations import RegistrationStatements, from_rows, upsert_arguments
 from taskmill_postgres.schema import Conn
 from taskmill_postgres.statements import DIALECT, TASK_COLUMNS, Statements, filter_sql
+from taskmill_postgres.workers import WorkerStatements, deleted, workers_of_rows
 
 __all__ = ["PostgresStorage"]
 
@@ -124,6 +126,7 @@ class PostgresStorage(TaskStorage):
         transactions_across_records=True,
         commit_ordered_cursors=True,
         handler_registrations=True,
+        worker_registry=True,
     )
 
     def __init__(self, parsed: ParsedURL, *, url: str) -> None:
@@ -135,6 +138,7 @@ class PostgresStorage(TaskStorage):
         """Changes of kind ``k`` are notified on channel ``channel + k.value``."""
         self.sql = Statements(self.schema)
         self.registration_sql = RegistrationStatements(self.schema)
+        self.worker_sql = WorkerStatements(self.schema)
         self.limit_sql = LimitStatements(self.schema)
         self._events_lock = lock_key("events", self.schema)
         self._db = Database(parsed, url)
@@ -717,6 +721,43 @@ class PostgresStorage(TaskStorage):
             return list(await conn.fetch(self.registration_sql.select))
 
         return from_rows(await self._db.run(read))
+
+    # -- the worker registry (workers.py) ---------------------------------------------
+
+    async def put_worker(self, worker_id: str, record: str) -> None:
+        """Insert or replace the registration of ``worker_id``, its heartbeat the
+        database clock, in one statement."""
+
+        async def put(conn: Conn) -> None:
+            await conn.execute(self.worker_sql.upsert, worker_id, record)
+
+        await self._db.run(put)
+
+    async def workers(self) -> list[StoredWorker]:
+        """Every registration, by worker id."""
+
+        async def read(conn: Conn) -> list[Record]:
+            return list(await conn.fetch(self.worker_sql.select))
+
+        return workers_of_rows(await self._db.run(read))
+
+    async def remove_worker(self, worker_id: str) -> bool:
+        """Delete the registration of ``worker_id``; whether there was one."""
+
+        async def delete(conn: Conn) -> int:
+            return deleted(await conn.execute(self.worker_sql.delete, worker_id))
+
+        return (await self._db.run(delete)) > 0
+
+    async def prune_workers(self, older_than: timedelta) -> int:
+        """Delete the registrations whose heartbeat is more than ``older_than`` older
+        than the database clock; how many."""
+        seconds = older_than.total_seconds()
+
+        async def prune(conn: Conn) -> int:
+            return deleted(await conn.execute(self.worker_sql.prune, seconds))
+
+        return await self._db.run(prune)
 
 
 def _as_is(at: datetime) -> datetime:
