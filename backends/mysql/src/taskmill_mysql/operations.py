@@ -8,9 +8,10 @@ operations of one concern live in a module of their own and are named here: inse
 tasks (:mod:`~taskmill_mysql.enqueue`), claims (:mod:`~taskmill_mysql.claims`),
 finishes (:mod:`~taskmill_mysql.finishes`), leases, progress and rescue
 (:mod:`~taskmill_mysql.leases`), cancels and suspensions
-(:mod:`~taskmill_mysql.cancellation`), the event log (:mod:`~taskmill_mysql.events`)
-and handler registrations (:mod:`~taskmill_mysql.registrations`). The reads, the
-cleanup and the redrive, a statement or two each, are written here.
+(:mod:`~taskmill_mysql.cancellation`), the event log (:mod:`~taskmill_mysql.events`),
+handler registrations (:mod:`~taskmill_mysql.registrations`) and the worker registry
+(:mod:`~taskmill_mysql.workers`). The reads, the cleanup and the redrive, a statement or
+two each, are written here.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from taskmill_mysql.leases import renew, rescue, save_progress, watch
 from taskmill_mysql.readback import by_seq, now, snapshot_rows
 from taskmill_mysql.registrations import delete_registration, put_registration, registrations
 from taskmill_mysql.rows import TASK_COLUMNS, as_datetime, attempt, task
+from taskmill_mysql.workers import prune_workers, put_worker, remove_worker, workers
 
 __all__ = [
     "append_events",
@@ -51,11 +53,14 @@ __all__ = [
     "get",
     "next_run_at",
     "prune_events",
+    "prune_workers",
     "put_registration",
+    "put_worker",
     "query",
     "read_events",
     "redrive",
     "registrations",
+    "remove_worker",
     "renew",
     "rescue",
     "resume",
@@ -64,6 +69,7 @@ __all__ = [
     "suspend",
     "suspensions",
     "watch",
+    "workers",
 ]
 
 _snapshots = snapshot_rows

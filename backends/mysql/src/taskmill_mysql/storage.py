@@ -51,6 +51,7 @@ from taskmill.storage import (
     NewTask,
     ProgressUpdate,
     StorageCapabilities,
+    StoredWorker,
     TaskStorage,
 )
 
@@ -90,6 +91,7 @@ class MySQLStorage(TaskStorage):
         transactions_across_records=True,
         commit_ordered_cursors=True,
         handler_registrations=True,
+        worker_registry=True,
     )
 
     def __init__(self, url: str, **options: Any) -> None:
@@ -418,6 +420,25 @@ class MySQLStorage(TaskStorage):
         """Delete the events recorded more than ``older_than`` ago and the tombstones of
         tasks deleted that long ago, in one transaction; how many events."""
         return await self._write(operations.prune_events, older_than)
+
+    # -- the worker registry -----------------------------------------------------------
+
+    async def put_worker(self, worker_id: str, record: str) -> None:
+        """Replace the registration of ``worker_id``, its heartbeat the server clock."""
+        await self._write(operations.put_worker, (worker_id, record))
+
+    async def workers(self) -> list[StoredWorker]:
+        """Every registration, by worker id."""
+        return await self._read(operations.workers, None)
+
+    async def remove_worker(self, worker_id: str) -> bool:
+        """Delete the registration of ``worker_id``; whether there was one."""
+        return await self._write(operations.remove_worker, worker_id)
+
+    async def prune_workers(self, older_than: timedelta) -> int:
+        """Delete registrations whose heartbeat is older than ``older_than`` by the
+        server clock; how many."""
+        return await self._write(operations.prune_workers, older_than)
 
     # -- handler registrations ---------------------------------------------------------
 
