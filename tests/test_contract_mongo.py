@@ -180,10 +180,10 @@ async def test_concurrent_migrations_leave_one_schema(mongo_url: str):
 async def test_migrate_upgrades_a_version_1_database_keeping_its_tasks(
     mongo_url: str, mongo_database: str
 ):
-    """A database as version 1 left it (no ``dependencies``, ``buckets`` or
-    ``tombstones`` collection, no dependency fields on tasks) is refused until
-    ``migrate`` upgrades it in place; its tasks survive, and can then be depended on
-    and claimed under global limits."""
+    """A database as version 1 left it (no ``dependencies``, ``buckets``,
+    ``tombstones`` or ``workers`` collection, no dependency fields on tasks) is refused
+    until ``migrate`` upgrades it in place; its tasks survive, and can then be depended
+    on and claimed under global limits."""
     from taskmill.limits import TypeLimit, parse_rate
     from taskmill.model import TaskFilter, TaskStatus
     from taskmill.testing import claim, finish
@@ -197,13 +197,14 @@ async def test_migrate_upgrades_a_version_1_database_keeping_its_tasks(
         await db.dependencies.drop()
         await db.buckets.drop()
         await db.tombstones.drop()
+        await db.workers.drop()
         await db.tasks.update_many({}, {"$unset": {"waiting_on": "", "dependents": ""}})
         await db.taskmill_meta.update_one({"_id": "schema"}, {"$set": {"version": 1}})
     finally:
         await client.close()
     with pytest.raises(SchemaVersionError, match="taskmill migrate"):
         await MongoStorage.from_url(mongo_url).open()
-    assert await store.migrate() == SCHEMA_VERSION == 4
+    assert await store.migrate() == SCHEMA_VERSION == 5
     await store.open()
     try:
         assert [await store.get(t.id) for t in old] == old

@@ -57,7 +57,7 @@ async def test_a_version_3_database_is_refused_until_migrate_adds_the_tombstones
     await raw.taskmill_meta.update_one({"_id": "schema"}, {"$set": {"version": 3}})
     with pytest.raises(SchemaVersionError, match="taskmill migrate"):
         await MongoStorage.from_url(mongo_url).open()
-    assert await store.migrate() == SCHEMA_VERSION == 4
+    assert await store.migrate() == SCHEMA_VERSION == 5
     assert "tombstones" in await raw.list_collection_names()
     indexes = await raw.tombstones.index_information()
     # Keyed on the age that pruning deletes by (the stand-in names indexes its own way).

@@ -42,7 +42,7 @@ __all__ = [
 
 Doc = dict[str, Any]
 
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 """The version of the collections and indexes this code creates (``taskmill_meta``).
 
 1. ``tasks``, ``attempts``, ``events``, ``counters``, ``suspensions``, ``handlers``.
@@ -68,6 +68,13 @@ SCHEMA_VERSION: Final = 4
    that creates it), and a task without the field has its attempt rows deleted. The
    version makes a process of an older release, which would read the events of a
    deleted task without its tombstone, refuse the database.
+
+5. The worker registry (docs/workers.md): collection ``workers``, one document per
+   registered worker (``_id`` the worker id, ``heartbeat_at`` the store clock at its
+   last heartbeat in integer microseconds, ``record`` the core's JSON text). A handful
+   of documents: no index but ``_id``. No rewrite: ``migrate`` creates the collection,
+   and the version makes a process of an older release, which would neither heartbeat
+   nor remove its registration, refuse the database.
 """
 
 EVENT_SHARDS: Final = 16
@@ -88,6 +95,7 @@ COLLECTIONS: Final = (
     "dependencies",
     "buckets",
     "tombstones",
+    "workers",
 )
 # The task fields a task document carries besides what task_document() writes (both
 # absent when 0, so that a version-1 document reads as waiting for nothing):

@@ -57,6 +57,7 @@ from taskmill.storage import (
     NewTask,
     ProgressUpdate,
     StorageCapabilities,
+    StoredWorker,
     TaskStorage,
 )
 
@@ -109,6 +110,7 @@ class MongoStorage(TaskStorage):
         dependencies=True,
         global_limits=True,
         handler_registrations=True,
+        worker_registry=True,
     )
 
     def __init__(self, options: MongoOptions) -> None:
@@ -585,5 +587,61 @@ class MongoStorage(TaskStorage):
                 async for d in db.handlers.find({})
             ]
             return sorted(found, key=lambda r: (r.app_id is not None, r.app_id or "", r.task_type))
+
+        return await read(self._conn, run())
+
+    # -- the worker registry (collection ``workers``, schema version 5) -----------------
+    # Each is one command outside any transaction, run by ``read``: with
+    # ``serialize_writes`` under the writer lock, so that on the stand-in it never lands
+    # inside another client's open transaction. The heartbeat is the store clock
+    # (``Connection.now``: the server's ``hello`` localTime offset, as for leases).
+
+    async def put_worker(self, worker_id: str, record: str) -> None:
+        """Replace the registration of ``worker_id``, its heartbeat the store clock."""
+        db = self._conn.database()
+
+        async def run() -> None:
+            now = await self._conn.now()
+            await db.workers.replace_one(
+                {"_id": worker_id},
+                {"_id": worker_id, "heartbeat_at": now, "record": record},
+                upsert=True,
+            )
+
+        await read(self._conn, run())
+
+    async def workers(self) -> list[StoredWorker]:
+        """Every registration, by worker id."""
+        db = self._conn.database()
+
+        async def run() -> list[StoredWorker]:
+            found = [
+                StoredWorker(
+                    id=d["_id"], heartbeat_at=from_micros(d["heartbeat_at"]), record=d["record"]
+                )
+                async for d in db.workers.find({})
+            ]
+            return sorted(found, key=lambda w: w.id)
+
+        return await read(self._conn, run())
+
+    async def remove_worker(self, worker_id: str) -> bool:
+        """Delete the registration of ``worker_id``; whether there was one."""
+        db = self._conn.database()
+
+        async def run() -> bool:
+            result = await db.workers.delete_one({"_id": worker_id})
+            return bool(result.deleted_count)
+
+        return await read(self._conn, run())
+
+    async def prune_workers(self, older_than: timedelta) -> int:
+        """Delete registrations whose heartbeat is older than ``older_than``."""
+        db = self._conn.database()
+
+        async def run() -> int:
+            cutoff = await self._conn.now() - int(older_than.total_seconds() * 1_000_000)
+            result = await db.workers.delete_many({"heartbeat_at": {"$lt": cutoff}})
+            return int(result.deleted_count)
 
         return await read(self._conn, run())
