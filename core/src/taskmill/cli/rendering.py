@@ -28,6 +28,7 @@ from taskmill.model import Attempt, Priority, Progress, ProgressSummary, Task, T
 from taskmill.plugins import BrokenPlugin, PluginInfo
 from taskmill.settable import text
 from taskmill.settings import DEFAULT, HOST_APP, SETTING_NAMES, setting_doc, setting_form
+from taskmill.workers import WorkerStatus
 
 
 def console() -> Console:
@@ -289,6 +290,72 @@ def schedule_table(rows: Sequence[dict[str, Any]]) -> Table:
             Text(last_text),
         )
     return table
+
+
+# -- workers ------------------------------------------------------------------------
+
+
+def served_types(worker: WorkerStatus) -> list[str]:
+    """The task types a worker serves, as ``app/type`` for an app's handler."""
+    return [
+        h.task_type if h.app_id is None else f"{h.app_id}/{h.task_type}"
+        for h in worker.record.handlers
+    ]
+
+
+def worker_table(workers: Sequence[WorkerStatus], now: datetime) -> Table:
+    """``taskmill workers``: one registered worker per row, live ones first."""
+    table = _table()
+    for name, justify in (
+        ("worker", "left"),
+        ("host", "left"),
+        ("pid", "right"),
+        ("version", "left"),
+        ("started", "right"),
+        ("heartbeat", "right"),
+        ("state", "left"),
+        ("busy", "right"),
+        ("queued", "right"),
+    ):
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    table.add_column("task types", overflow="fold")
+    for worker in workers:
+        record = worker.record
+        table.add_row(
+            Text(record.id),
+            Text(record.host),
+            str(record.pid),
+            Text(record.version),
+            f"{age(record.started_at, now)} ago",
+            f"{age(worker.heartbeat_at, now)} ago",
+            Text("alive", style="green") if worker.alive else Text("dead", style="bold red"),
+            f"{record.busy}/{record.concurrency}",
+            str(record.queued),
+            Text(", ".join(served_types(worker)) or "-"),
+        )
+    return table
+
+
+def worker_document(worker: WorkerStatus, now: datetime) -> dict[str, Any]:
+    """``taskmill workers --json``: one registered worker."""
+    record = worker.record
+    return {
+        "id": record.id,
+        "alive": worker.alive,
+        "host": record.host,
+        "pid": record.pid,
+        "version": record.version,
+        "started_at": record.started_at.isoformat(),
+        "heartbeat_at": worker.heartbeat_at.isoformat(),
+        "heartbeat_age_seconds": round(max(0.0, (now - worker.heartbeat_at).total_seconds()), 3),
+        "lease_seconds": record.lease_seconds,
+        "concurrency": record.concurrency,
+        "busy": record.busy,
+        "running": list(record.running),
+        "queued": record.queued,
+        "processed": record.processed,
+        "handlers": [attrs.asdict(h) for h in record.handlers],
+    }
 
 
 # -- plugins and settings -----------------------------------------------------------

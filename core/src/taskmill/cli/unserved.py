@@ -13,6 +13,7 @@ from taskmill.cli.messages import warn
 from taskmill.model import TaskFilter, TaskStatus
 from taskmill.operations import handler_hint
 from taskmill.registry import Handler
+from taskmill.workers import unserved
 
 SCAN_LIMIT = 5000
 """How many pending tasks are read, at most, to name the types no handler serves."""
@@ -95,4 +96,53 @@ async def report_unserved(
         f"{unserved} pending task{'' if unserved == 1 else 's'} of types no handler "
         f"{whose} serves{types}; they wait for a worker with handlers for them "
         "(installed plugins, --import modules or the imports setting)"
+    )
+
+
+async def pending_keys(
+    tm: Taskmill, scope: TaskFilter
+) -> tuple[Counter[tuple[str | None, str]], bool]:
+    """The ``(app_id, task_type)`` keys of the pending tasks within ``scope``, with
+    counts, among the first :data:`SCAN_LIMIT` read; and whether they cover them all."""
+    pending = attrs.evolve(scope, statuses=(TaskStatus.PENDING,))
+    keys: Counter[tuple[str | None, str]] = Counter()
+    read = 0
+    while read < SCAN_LIMIT:
+        page = await tm.query(pending, limit=500, offset=read)
+        read += len(page)
+        for task in page:
+            keys[(task.app_id, task.task_type)] += 1
+        if len(page) < 500:
+            return keys, True
+    return keys, False
+
+
+async def report_unserved_by_workers(tm: Taskmill, scope: TaskFilter) -> None:
+    """Say on stderr how many pending tasks within ``scope`` are of types none of the
+    live workers serves (from the store's worker registry); nothing on a store without
+    one, or while no worker is alive (then nothing runs at all, and ``taskmill workers``
+    says so: the warning is for the types the running workers leave behind)."""
+    if not tm.storage.capabilities.worker_registry:
+        return
+    workers = await tm.workers()
+    if not any(w.alive for w in workers):
+        return
+    keys, complete = await pending_keys(tm, scope)
+    if not keys:
+        return
+    missing = unserved(keys, workers)
+    if not missing:
+        return
+    count = sum(keys[key] for key in missing)
+    plus = "" if complete else "+"
+    parts = []
+    for key in sorted(missing, key=lambda k: (-keys[k], k[0] or "", k[1]))[:10]:
+        app_id, task_type = key
+        n = keys[key]
+        name = repr(task_type) + ("" if app_id is None else f" of app {app_id!r}")
+        parts.append(f"{name} ({n}{plus} task{'' if n == 1 and complete else 's'})")
+    warn(
+        f"{count}{plus} pending task{'' if count == 1 and complete else 's'} of types no "
+        f"live worker serves: {', '.join(parts)}; they wait until a worker with their "
+        "handlers runs (`taskmill workers` lists the live workers)"
     )

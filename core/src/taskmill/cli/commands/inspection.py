@@ -1,5 +1,5 @@
 """The commands that describe the installation and the store without changing them:
-``plugins``, ``stats``, ``schedules`` and ``config``."""
+``plugins``, ``stats``, ``workers``, ``schedules`` and ``config``."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ from taskmill.cli.rendering import (
     schedule_table,
     settings_table,
     summary_table,
+    worker_document,
+    worker_table,
 )
 from taskmill.cli.session import (
     load_handlers,
@@ -32,8 +34,9 @@ from taskmill.cli.session import (
     open_taskmill,
     origin,
 )
-from taskmill.cli.unserved import report_unserved
+from taskmill.cli.unserved import report_unserved, report_unserved_by_workers
 from taskmill.discovery import DEFAULT_URL
+from taskmill.errors import TaskmillError
 from taskmill.model import TaskFilter
 from taskmill.plugins import ENTRY_POINT_GROUP
 from taskmill.serialization import to_dict
@@ -42,7 +45,7 @@ from taskmill.storage import utcnow
 
 
 def add_commands(add: AddCommand) -> None:
-    """Add ``plugins``, ``stats``, ``schedules`` and ``config``."""
+    """Add ``plugins``, ``stats``, ``workers``, ``schedules`` and ``config``."""
     cmd = add(
         "plugins",
         plugins,
@@ -64,6 +67,15 @@ def add_commands(add: AddCommand) -> None:
     cmd.add_argument("--user-id", default=None, help="only tasks this user asked for")
     cmd.add_argument("--json", action="store_true", help="print the counts as JSON")
     add_handler_options(cmd, purpose="to count pending tasks no handler serves")
+
+    cmd = add(
+        "workers",
+        workers,
+        "List the workers registered in the store, from every process and host: id, "
+        "host, pid, version, start, last heartbeat, alive or dead, slots busy of total, "
+        "local queue and the task types each serves.",
+    )
+    cmd.add_argument("--json", action="store_true", help="print the workers as JSON")
 
     cmd = add(
         "schedules",
@@ -146,6 +158,27 @@ async def stats(args: argparse.Namespace, settings: Settings) -> int:
             attrs.evolve(base, task_types=args.task_types),
             "loaded here",
         )
+        await report_unserved_by_workers(tm, attrs.evolve(base, task_types=args.task_types))
+    return EXIT_OK
+
+
+async def workers(args: argparse.Namespace, settings: Settings) -> int:
+    """List the registered workers, live ones first (docs/workers.md)."""
+    async with open_taskmill(settings, "workers", reads=True, strict_plugins=False) as tm:
+        if not tm.storage.capabilities.worker_registry:
+            raise TaskmillError(
+                f"the store at {redacted(tm.url)} ({type(tm.storage).__name__}) keeps no "
+                "worker registry (capability worker_registry), so `taskmill workers` cannot "
+                "list its workers; they still run (docs/workers.md)"
+            )
+        found = await tm.workers()
+    now = utcnow()
+    if args.json:
+        print_json({"workers": [worker_document(w, now) for w in found]})
+    elif found:
+        console().print(worker_table(found, now))
+    else:
+        console().print("no workers registered: no worker is running on this store")
     return EXIT_OK
 
 

@@ -7,6 +7,7 @@ import os
 import sys
 
 from taskmill.app import Taskmill
+from taskmill.canvas import BUILTIN_SOURCE
 from taskmill.cli.arguments import AddCommand, add_handler_options, add_setting
 from taskmill.cli.messages import EXIT_OK, progress_line
 from taskmill.cli.rendering import redacted
@@ -85,9 +86,11 @@ async def run_worker(args: argparse.Namespace, settings: Settings) -> int:
         slots = f"concurrency {worker.concurrency}"
         if reserved:
             slots += f" ({reserved} reserved for priority >= user_action)"
+        # The built-in handlers every worker serves (the roots of canvas groups) are
+        # not the user's: docs/canvas.md says every worker serves them.
+        mine = sorted(handler_label(h.key) for h in served if h.source != BUILTIN_SOURCE)
         progress_line(
-            f"worker {worker.worker_id} on {redacted(tm.url)}: {slots}, handlers: "
-            f"{', '.join(sorted(handler_label(h.key) for h in served))}"
+            f"worker {worker.worker_id} on {redacted(tm.url)}: {slots}, handlers: {', '.join(mine)}"
         )
         if args.until_idle:
             await worker.run_until_idle()

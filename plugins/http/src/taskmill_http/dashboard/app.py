@@ -40,6 +40,7 @@ from taskmill_http import requests as rq
 from taskmill_http.calls import Service
 from taskmill_http.dashboard.listing import ListQuery, list_page
 from taskmill_http.dashboard.overview import ThroughputMeter, overview
+from taskmill_http.dashboard.workers import has_registry, unserved_keys, worker_rows
 from taskmill_http.errors import ServiceError, status_of
 from taskmill_http.tokens import Caller
 
@@ -61,6 +62,8 @@ _SECURITY_HEADERS = (
     (b"cache-control", b"no-store"),
 )
 _HERE = Path(__file__).parent
+WORKERS_REFRESH_SECONDS = 3
+"""How often the workers page reloads its table in place (heartbeats are no events)."""
 _ERROR_EXCERPT_LINES = 12
 
 
@@ -288,6 +291,10 @@ class Dashboard:
             next_url = f"{base}/tasks?{query.query_string(cursor=page.next_cursor)}"
         first_url = f"{base}/tasks?{query.query_string()}" if query.cursor else None
         jobs = self.service.jobs.list(caller.app_id, every_app=caller.is_admin)[:20]
+        unserved = await unserved_keys(
+            self.service.tm,
+            {(t.app_id, t.task_type) for t in page.tasks if t.status is TaskStatus.PENDING},
+        )
         return self.render(
             request,
             "tasks.html",
@@ -295,6 +302,7 @@ class Dashboard:
             nav="tasks",
             query=query,
             tasks=page.tasks,
+            unserved=unserved,
             next_url=next_url,
             first_url=first_url,
             jobs=jobs,
@@ -326,6 +334,24 @@ class Dashboard:
             attempts=await ops.attempts(task.id),
             children=children,
             aliases=aliases,
+            events_url=self.events_url(request, TaskFilter(app_id=caller.app_id)),
+        )
+
+    async def workers_page(self, request: Request, caller: Caller) -> Response:
+        """``GET /workers``: the registered workers the caller may see (an app token:
+        those serving its app), live ones first, then the dead ones not yet pruned."""
+        tm = self.service.tm
+        registry = has_registry(tm)
+        rows = await worker_rows(tm, self.service.operations(caller), caller) if registry else []
+        return self.render(
+            request,
+            "workers.html",
+            caller,
+            nav="workers",
+            registry=registry,
+            store=type(tm.storage).__name__,
+            workers=rows,
+            refresh=WORKERS_REFRESH_SECONDS,
             events_url=self.events_url(request, TaskFilter(app_id=caller.app_id)),
         )
 
@@ -530,6 +556,7 @@ class Dashboard:
                 methods=["POST"],
             ),
             Route("/jobs", self.page(self.jobs_page)),
+            Route("/workers", self.page(self.workers_page)),
             Route("/events", self.events),
             Mount("/static", StaticFiles(directory=_HERE / "static")),
         ]

@@ -28,7 +28,9 @@ from taskmill.model import (
     TaskStatus,
 )
 from taskmill.operations import TaskOperations
+from taskmill.workers import WorkerStatus, unserved
 
+from taskmill_http.dashboard.workers import has_registry, pending_keys_of
 from taskmill_http.tokens import Caller
 
 log = logging.getLogger("taskmill.http.dashboard")
@@ -49,6 +51,11 @@ class Count:
     app_id: str | None
     task_type: str | None
     summary: ProgressSummary
+    unserved: tuple[str | None, ...] = ()
+    """(a task type's row) The apps (None: the host's) of its pending tasks that no
+    live worker serves."""
+    served_too: bool = False
+    """(a task type's row) Some of its pending tasks are of apps a live worker serves."""
 
 
 @attrs.frozen
@@ -174,6 +181,19 @@ async def _in_use(
     return apps, types
 
 
+async def _flagged(ops: TaskOperations, row: Count, workers: list[WorkerStatus] | None) -> Count:
+    """``row`` with the apps of its pending tasks that no live worker serves (none
+    flagged without a worker registry: ``workers`` None)."""
+    if workers is None or not row.summary.pending or row.task_type is None:
+        return row
+    keys = await pending_keys_of(ops, row.task_type)
+    missing = unserved(keys, workers)
+    if not missing:
+        return row
+    apps = tuple(sorted({app for app, _ in missing}, key=lambda a: a or ""))
+    return attrs.evolve(row, unserved=apps, served_too=len(missing) < len(keys))
+
+
 async def overview(
     tm: Taskmill, ops: TaskOperations, caller: Caller, meter: ThroughputMeter
 ) -> Overview:
@@ -186,11 +206,12 @@ async def overview(
         for app_id in sorted(apps_in_use):
             found = await ops.progress_summary(TaskFilter(app_id=app_id))
             apps.append(Count(app_id, None, found))
+    workers = await tm.workers() if has_registry(tm) else None
     types: list[Count] = []
     for task_type in sorted(types_in_use):
         found = await ops.progress_summary(TaskFilter(task_types=(task_type,)))
         if found.total:
-            types.append(Count(None, task_type, found))
+            types.append(await _flagged(ops, Count(None, task_type, found), workers))
     return Overview(
         totals=totals,
         apps=apps,

@@ -1,5 +1,6 @@
 // taskmill dashboard: live updates over Server-Sent Events, local times, keyboard moves.
-// Hand-written, no build step. Everything it shows is set with textContent (never HTML).
+// Hand-written, no build step. Everything it shows is set with textContent (never HTML),
+// but for a refreshed section, which is the server's own escaped page.
 "use strict";
 (() => {
   const body = document.body;
@@ -34,6 +35,38 @@
       links[at < 0 ? 0 : next].focus();
     }
   });
+
+  // A section with data-refresh="SECONDS" (the workers page: heartbeats are no events)
+  // is fetched again that often and swapped in place; the page itself is not reloaded.
+  // The new section is parsed by DOMParser (no script runs) from this same page.
+  const refreshing = document.querySelector("[data-refresh][id]");
+  if (refreshing) {
+    const every = Math.max(1, Number(refreshing.dataset.refresh) || 5) * 1000;
+    let refreshes = 0;
+    const refresh = async () => {
+      try {
+        const answer = await fetch(window.location.href, {
+          credentials: "same-origin",
+          headers: { Accept: "text/html" },
+        });
+        if (answer.ok && answer.headers.get("content-type").startsWith("text/html")) {
+          const fresh = new DOMParser().parseFromString(await answer.text(), "text/html");
+          const section = fresh.getElementById(refreshing.id);
+          const current = document.getElementById(refreshing.id);
+          if (section && current) {
+            localTimes(section);
+            current.replaceWith(document.adoptNode(section));
+            refreshes += 1;
+            body.dataset.refreshes = String(refreshes);
+          }
+        }
+      } catch (error) {
+        // offline for a moment: the next round tries again
+      }
+      setTimeout(refresh, every);
+    };
+    setTimeout(refresh, every);
+  }
 
   const url = body.dataset.events;
   if (!url || !window.EventSource) return;
