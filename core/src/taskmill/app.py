@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 import uuid
 import weakref
 from collections.abc import Callable, Collection, Sequence
@@ -44,7 +46,7 @@ from taskmill.registry import (
     Retention,
 )
 from taskmill.serialization import dumps, encode_params
-from taskmill.storage import Finish, FinishKind, Lease, NewTask, TaskStorage, utcnow
+from taskmill.storage import Finish, FinishKind, HandlerKey, Lease, NewTask, TaskStorage, utcnow
 from taskmill.validation import (
     APP_ID_MAX,
     DEDUPE_KEY_MAX,
@@ -63,7 +65,7 @@ from taskmill.validation import (
 )
 from taskmill.worker import Worker
 from taskmill.worker_options import WorkerArgs, WorkerOptions
-from taskmill.workers import WorkerStatus, statuses
+from taskmill.workers import WorkerHandler, WorkerStatus, statuses
 
 F = TypeVar("F", bound=HandlerFunc | BatchHandlerFunc)
 
@@ -90,6 +92,12 @@ def _stop_reason(kind: FinishKind, reason: CancelReason | None) -> CancelReason:
         )
     return reason
 
+
+log = logging.getLogger("taskmill")
+
+PUBLISHED_TTL = 5.0
+"""Seconds a process keeps the handler options the live workers publish
+(:meth:`Taskmill.with_published_options`) before reading them again."""
 
 _KEEP = Retention()
 """No worker's defaults: a detached report follows its handler's own options only."""
@@ -151,6 +159,8 @@ class Taskmill(TaskOperations):
             self.url = resolve_url(url)
             self.storage = storage_for_url(self.url, **storage_options)
         self.registry = HandlerRegistry()
+        self._published: tuple[float, dict[HandlerKey, WorkerHandler]] | None = None
+        """The live workers' handler options, with when they were read (monotonic)."""
         self.max_params_bytes = check_int("max_params_bytes", max_params_bytes, 2, 2**40)
         self.default_max_retries = check_int(
             "default_max_retries", default_max_retries, 0, MAX_RETRIES_MAX
@@ -638,6 +648,53 @@ class Taskmill(TaskOperations):
         )
 
     # -- workers -----------------------------------------------------------------------
+
+    async def with_published_options(self, specs: list[TaskSpec]) -> list[TaskSpec]:
+        """``specs``, each without ``max_retries`` and without a handler in this
+        process given the ``max_retries`` of the handler the live workers publish for
+        its type (docs/workers.md, "Handler options across processes"): the HTTP service
+        and any process that enqueues tasks it does not run give them the retry budget
+        of the handler that will run them. Where live workers disagree, the most
+        recently started one's wins (the newest code). Read from the store at most
+        every :data:`PUBLISHED_TTL` seconds; nothing is read when every spec has its
+        ``max_retries`` or a handler here."""
+        registry = self.registry
+        wanted = [
+            i
+            for i, s in enumerate(specs)
+            if s.max_retries is None and registry.lookup(s.app_id, s.task_type) is None
+        ]
+        if not wanted or not self.storage.capabilities.worker_registry:
+            return specs
+        published = await self._published_handlers()
+        if not published:
+            return specs
+        out = list(specs)
+        for i in wanted:
+            spec = specs[i]
+            found = published.get((spec.app_id, spec.task_type)) or published.get(
+                (None, spec.task_type)
+            )
+            if found is not None and found.max_retries is not None:
+                out[i] = attrs.evolve(spec, max_retries=found.max_retries)
+        return out
+
+    async def _published_handlers(self) -> dict[HandlerKey, WorkerHandler]:
+        now = time.monotonic()
+        cached = self._published
+        if cached is not None and now - cached[0] < PUBLISHED_TTL:
+            return cached[1]
+        found: dict[HandlerKey, WorkerHandler] = {}
+        try:
+            listed = await self.workers()
+        except TaskmillError:
+            log.warning("reading the worker registry failed; enqueuing with the defaults")
+            return {}
+        for status in sorted((w for w in listed if w.alive), key=lambda w: w.record.started_at):
+            for handler in status.record.handlers:
+                found[handler.key] = handler  # the newest worker's, last, wins
+        self._published = (now, found)
+        return found
 
     async def workers(self) -> list[WorkerStatus]:
         """The workers registered in the store, from every process sharing it: live

@@ -103,6 +103,11 @@ class TaskHost(Protocol):
     def notify_workers(self) -> None:
         """Wake the host's running workers in this process: work may be due now."""
 
+    async def with_published_options(self, specs: list[TaskSpec]) -> list[TaskSpec]:
+        """``specs``, each without ``max_retries`` and without a handler in this process
+        given the ``max_retries`` that the live workers serving its type publish in the
+        worker registry (docs/workers.md); the others unchanged."""
+
 
 # -- periodic tasks -----------------------------------------------------------------
 

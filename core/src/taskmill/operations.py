@@ -234,7 +234,7 @@ class TaskOperations:
         host.check_open()
         if not specs:
             return []
-        specs = [self._stamped(spec) for spec in specs]
+        specs = await host.with_published_options([self._stamped(spec) for spec in specs])
         if self._app_id is not None:
             for parent_id in {s.parent_id for s in specs if s.parent_id is not None}:
                 await self._require(parent_id)
