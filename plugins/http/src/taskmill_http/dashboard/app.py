@@ -38,8 +38,15 @@ from taskmill.model import Task, TaskFilter, TaskStatus
 
 from taskmill_http import requests as rq
 from taskmill_http.calls import Service
-from taskmill_http.dashboard.listing import ListQuery, list_page
-from taskmill_http.dashboard.overview import ThroughputMeter, overview
+from taskmill_http.dashboard import bulk
+from taskmill_http.dashboard.listing import HOST_APP, ListQuery, list_page
+from taskmill_http.dashboard.overview import (
+    MAX_APPS,
+    SPLIT_APPS,
+    ThroughputMeter,
+    app_choices,
+    overview,
+)
 from taskmill_http.dashboard.workers import has_registry, unserved_keys, worker_rows
 from taskmill_http.errors import ServiceError, status_of
 from taskmill_http.tokens import Caller
@@ -277,6 +284,9 @@ class Dashboard:
             caller,
             nav="overview",
             overview=found,
+            host_app=HOST_APP,
+            max_apps=MAX_APPS,
+            split_apps=SPLIT_APPS,
             jobs=jobs,
             events_url=self.events_url(request, TaskFilter(app_id=caller.app_id)),
         )
@@ -284,13 +294,16 @@ class Dashboard:
     async def tasks_page(self, request: Request, caller: Caller) -> Response:
         """``GET /tasks``: one keyset page of the filtered list, external jobs beside."""
         query = ListQuery.from_request(request, caller)
-        page = await list_page(self.service.operations(caller), query)
+        ops = self.service.operations(caller)
+        page = await list_page(ops, query)
+        choices = await app_choices(self.service.tm, ops, caller)
         base = self.base(request)
         next_url = None
         if page.next_cursor is not None:
             next_url = f"{base}/tasks?{query.query_string(cursor=page.next_cursor)}"
         first_url = f"{base}/tasks?{query.query_string()}" if query.cursor else None
         jobs = self.service.jobs.list(caller.app_id, every_app=caller.is_admin)[:20]
+        retry_all = await bulk.retry_count(ops, query) if bulk.retryable(query) else None
         unserved = await unserved_keys(
             self.service.tm,
             {(t.app_id, t.task_type) for t in page.tasks if t.status is TaskStatus.PENDING},
@@ -301,6 +314,11 @@ class Dashboard:
             caller,
             nav="tasks",
             query=query,
+            apps=choices,
+            host_app=HOST_APP,
+            max_apps=MAX_APPS,
+            retry_all=retry_all,
+            bulk_max=bulk.BULK_MAX,
             tasks=page.tasks,
             unserved=unserved,
             next_url=next_url,
@@ -411,7 +429,10 @@ class Dashboard:
             body += chunk
             if len(body) > MAX_FORM_BYTES:
                 raise HTTPException(413, "form too large")
-        form = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+        form: dict[str, str] = {}
+        for name, value in parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True):
+            # A repeated field (the checked rows of "cancel selected") joins with commas.
+            form[name] = f"{form[name]},{value}" if name in form else value
         if check_csrf:
             expected = request.session.get("csrf")
             if not isinstance(expected, str) or not secrets.compare_digest(
@@ -425,9 +446,11 @@ class Dashboard:
         run: Callable[[Request, Caller, Mapping[str, str]], Awaitable[str]],
         *,
         confirm: Callable[[Request, Mapping[str, str]], str] | None = None,
+        count: Callable[[Request, Caller, Mapping[str, str]], Awaitable[str]] | None = None,
     ) -> Callable[[Request], Awaitable[Response]]:
         """A POST action: signed in, CSRF-checked, confirmed first when ``confirm``
-        describes it, then back to the page it came from with ``run``'s message."""
+        describes it (or ``count``, which reads the store to say how many tasks change),
+        then back to the page it came from with ``run``'s message."""
 
         async def serve(request: Request) -> Response:
             caller = self.caller(request)
@@ -436,13 +459,19 @@ class Dashboard:
             form = await self.form(request, check_csrf=True)
             back = self.local_path(request, form.get("back"))
             try:
-                if confirm is not None and form.get("confirmed") != "yes":
+                asks = confirm is not None or count is not None
+                if asks and form.get("confirmed") != "yes":
                     fields = {k: v for k, v in form.items() if k not in ("csrf", "confirmed")}
+                    if count is not None:
+                        question = await count(request, caller, form)
+                    else:
+                        assert confirm is not None
+                        question = confirm(request, form)
                     return self.render(
                         request,
                         "confirm.html",
                         caller,
-                        question=confirm(request, form),
+                        question=question,
                         action=request.url.path,
                         fields=fields,
                         back=back,
@@ -498,7 +527,61 @@ class Dashboard:
         )
         return f"Preempted {count} active tasks of {task_type}."
 
+    async def retry_all(self, request: Request, caller: Caller, form: Mapping[str, str]) -> str:
+        """Redrive every FAILED or CANCELLED task of the list's filter (``filter``)."""
+        query = bulk.list_query(form.get("filter", ""), caller)
+        if not bulk.retryable(query):
+            raise ServiceError(422, "invalid_body", "filter the list to failed or cancelled tasks")
+        result = await bulk.retry_all(self.service.operations(caller), query)
+        return result.message()
+
+    async def cancel_selected(
+        self, request: Request, caller: Caller, form: Mapping[str, str]
+    ) -> str:
+        """Cancel the selected tasks (``task_id``), their children and aliases too."""
+        ids = bulk.selected_ids(form.get("task_id", ""))
+        ops = self.service.operations(caller)
+        roots, changed, skipped = await bulk.cancel_selected(ops, ids)
+        text = f"Cancelled {changed} tasks ({roots} selected, with their children and aliases)"
+        if skipped:
+            text += f"; {skipped} selected tasks were not active (or not found): left as they were"
+        return text + "."
+
     # -- confirmations: what a destructive action is about to do ---------------------
+
+    async def confirm_retry_all(
+        self, request: Request, caller: Caller, form: Mapping[str, str]
+    ) -> str:
+        """The question before "Retry all": how many tasks it redrives."""
+        query = bulk.list_query(form.get("filter", ""), caller)
+        targets, more = await bulk.retry_targets(self.service.operations(caller), query)
+        which = " and ".join(s.value for s in query.statuses)
+        first = f"the first {len(targets)} (oldest first) of more than" if more else ""
+        aliases = sum(t.alias_of is not None for t in targets)
+        note = (
+            f" {aliases} of them are aliases, which are refused (retry their leader)."
+            if aliases
+            else ""
+        )
+        return (
+            f"Retry {first} {len(targets)} {which} tasks of this list? They go back to "
+            f"pending with a fresh attempt budget.{note}"
+        ).replace("  ", " ")
+
+    async def confirm_cancel_selected(
+        self, request: Request, caller: Caller, form: Mapping[str, str]
+    ) -> str:
+        """The question before "Cancel selected": how many tasks change, cascade included."""
+        ids = bulk.selected_ids(form.get("task_id", ""))
+        tree, inactive = await bulk.cancel_tree(self.service.operations(caller), ids)
+        roots = len(ids) - len(inactive)
+        text = (
+            f"Cancel {roots} selected tasks? With their active children and aliases, "
+            f"{len(tree)} tasks will be cancelled."
+        )
+        if inactive:
+            text += f" {len(inactive)} selected tasks are not active (or not found): left alone."
+        return text
 
     @staticmethod
     def _scope_words(form: Mapping[str, str]) -> str:
@@ -537,6 +620,16 @@ class Dashboard:
             Route("/login", self.login, methods=["POST"]),
             Route("/logout", self.logout, methods=["POST"]),
             Route("/tasks", self.page(self.tasks_page)),
+            Route(
+                "/tasks/retry-all",
+                self.action(self.retry_all, count=self.confirm_retry_all),
+                methods=["POST"],
+            ),
+            Route(
+                "/tasks/cancel-selected",
+                self.action(self.cancel_selected, count=self.confirm_cancel_selected),
+                methods=["POST"],
+            ),
             Route("/tasks/{task_id}", self.page(self.task_page)),
             Route(
                 "/tasks/{task_id}/cancel",

@@ -23,6 +23,15 @@ from taskmill_http.tokens import Caller
 
 PAGE_SIZE = 50
 """Rows on one page of the task list."""
+HOST_APP = "-"
+"""How the list's ``app_id`` names the host's own tasks (no app), as ``taskmill ls``
+does."""
+HOST_SCAN_BATCH = 500
+"""Tasks read per round when the list shows the host's tasks only (the store has no
+"no app" filter: the list reads every app's tasks in order and keeps the host's)."""
+HOST_SCAN_ROUNDS = 10
+"""Rounds one page of the host's tasks reads at most; a page that found fewer rows
+than it holds then links on from where it stopped."""
 
 
 def _field(request: Request, name: str) -> str | None:
@@ -47,6 +56,8 @@ class ListQuery:
     parent_id: str | None = None
     cursor: str | None = None
     """The id of the last task of the previous page."""
+    host_only: bool = False
+    """Only the host's own tasks (``app_id`` None): ``app_id=-`` in the URL, admin only."""
 
     @classmethod
     def from_request(cls, request: Request, caller: Caller) -> ListQuery:
@@ -57,6 +68,9 @@ class ListQuery:
         """
         app_id = _field(request, "app_id")
         rq.ensure_own_app(caller.app_id, app_id)
+        host_only = app_id == HOST_APP
+        if host_only:
+            app_id = None
         cursor = _field(request, "cursor")
         if cursor is not None:
             try:
@@ -70,6 +84,7 @@ class ListQuery:
             text=_field(request, "q"),
             parent_id=_field(request, "parent_id"),
             cursor=cursor,
+            host_only=host_only,
         )
 
     def task_filter(self) -> TaskFilter:
@@ -95,6 +110,8 @@ class ListQuery:
         pairs: list[tuple[str, str]] = []
         if self.app_id is not None:
             pairs.append(("app_id", self.app_id))
+        if self.host_only:
+            pairs.append(("app_id", HOST_APP))
         if self.task_type is not None:
             pairs.append(("task_type", self.task_type))
         pairs.extend(("status", s.value) for s in self.statuses)
@@ -106,10 +123,21 @@ class ListQuery:
             pairs.append(("cursor", cursor))
         return urlencode(pairs)
 
+    def matches(self, task: Task) -> bool:
+        """``task`` is one this list shows (its position aside)."""
+        return self.task_filter().matches(task) and not (self.host_only and task.app_id is not None)
+
     @property
     def filtered(self) -> bool:
         """True when any filter is set."""
-        return bool(self.app_id or self.task_type or self.statuses or self.text or self.parent_id)
+        return bool(
+            self.app_id
+            or self.host_only
+            or self.task_type
+            or self.statuses
+            or self.text
+            or self.parent_id
+        )
 
 
 @attrs.frozen
@@ -128,8 +156,10 @@ async def list_page(ops: TaskOperations, query: ListQuery, size: int = PAGE_SIZE
     """
     if query.text is not None and query.cursor is None:
         found = await ops.get(query.text)
-        if found is not None and query.task_filter().matches(found):
+        if found is not None and query.matches(found):
             return TaskPage([found], None)
+    if query.host_only:
+        return await _host_page(ops, query, size)
     rows = await ops.query(
         query.task_filter(), limit=size + 1, newest_first=True, after=query.cursor
     )
@@ -137,3 +167,24 @@ async def list_page(ops: TaskOperations, query: ListQuery, size: int = PAGE_SIZE
     if len(rows) <= size:
         return TaskPage(page, None)
     return TaskPage(page, page[-1].id)
+
+
+async def _host_page(ops: TaskOperations, query: ListQuery, size: int) -> TaskPage:
+    """A page of the host's own tasks: every app's tasks read in the list's order, the
+    host's kept, for at most :data:`HOST_SCAN_ROUNDS` rounds."""
+    kept: list[Task] = []
+    after = query.cursor
+    for _ in range(HOST_SCAN_ROUNDS):
+        rows = await ops.query(
+            query.task_filter(), limit=HOST_SCAN_BATCH, newest_first=True, after=after
+        )
+        for task in rows:
+            if task.app_id is None:
+                kept.append(task)
+                if len(kept) > size:
+                    return TaskPage(kept[:size], kept[size - 1].id)
+        if len(rows) < HOST_SCAN_BATCH:
+            return TaskPage(kept, None)
+        after = rows[-1].id
+    # Scanned as far as one page may: the next page goes on from the last task read.
+    return TaskPage(kept, after)

@@ -39,6 +39,10 @@ RECENT_TASKS = 500
 """How many of the newest tasks the overview reads to find the apps and types in use."""
 THROUGHPUT_MINUTES = 10
 """Minutes of throughput the overview shows."""
+MAX_APPS = 100
+"""The most apps the app picker lists and the overview counts (the first, by name)."""
+SPLIT_APPS = 20
+"""The most apps the "by task type" table is split by (beyond: totals per type only)."""
 
 _FINISHED = (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED)
 
@@ -81,6 +85,12 @@ class Overview:
     totals: ProgressSummary
     apps: list[Count]
     types: list[Count]
+    type_apps: dict[str, list[Count]]
+    """Per task type: its counts per app (the host's, ``app_id`` None, last: what the
+    listed apps do not account for), when the split applies (an admin, at most
+    :data:`SPLIT_APPS` apps)."""
+    apps_capped: bool
+    """More apps were found than :data:`MAX_APPS`: only the first are counted."""
     suspensions: list[SuspensionScope]
     throughput: list[Minute]
     watching_since: float | None
@@ -181,6 +191,41 @@ async def _in_use(
     return apps, types
 
 
+@attrs.frozen
+class AppChoices:
+    """The apps an admin's picker lists."""
+
+    apps: list[str]
+    capped: bool
+    """More than :data:`MAX_APPS` were found; ``apps`` holds the first by name."""
+
+
+async def app_choices(tm: Taskmill, ops: TaskOperations, caller: Caller) -> AppChoices:
+    """The apps that exist as far as the dashboard can tell cheaply: the apps of the
+    handlers this process knows, of the suspensions, of the live workers' handlers and
+    of the newest :data:`RECENT_TASKS` tasks (an app whose every task is older, and that
+    nothing serves, is not listed: type it in the URL). None for an app token."""
+    if caller.app_id is not None:
+        return AppChoices([], False)
+    apps, _ = await _in_use(tm, ops, caller, await ops.suspensions())
+    if has_registry(tm):
+        for worker in await tm.workers():
+            apps.update(h.app_id for h in worker.record.handlers if h.app_id is not None)
+    ordered = sorted(apps)
+    return AppChoices(ordered[:MAX_APPS], len(ordered) > MAX_APPS)
+
+
+def _minus(whole: ProgressSummary, parts: list[Count]) -> ProgressSummary:
+    counts = {
+        s.value: getattr(whole, s.value) - sum(getattr(p.summary, s.value) for p in parts)
+        for s in TaskStatus
+    }
+    waiting = whole.waiting - sum(p.summary.waiting for p in parts)
+    return ProgressSummary.from_counts(
+        {k: max(v, 0) for k, v in counts.items()}, waiting=max(waiting, 0)
+    )
+
+
 async def _flagged(ops: TaskOperations, row: Count, workers: list[WorkerStatus] | None) -> Count:
     """``row`` with the apps of its pending tasks that no live worker serves (none
     flagged without a worker registry: ``workers`` None)."""
@@ -202,20 +247,38 @@ async def overview(
     apps_in_use, types_in_use = await _in_use(tm, ops, caller, suspensions)
     totals = await ops.progress_summary()
     apps: list[Count] = []
-    if caller.app_id is None:
-        for app_id in sorted(apps_in_use):
-            found = await ops.progress_summary(TaskFilter(app_id=app_id))
-            apps.append(Count(app_id, None, found))
+    app_ids = sorted(apps_in_use)[:MAX_APPS] if caller.app_id is None else []
+    for app_id in app_ids:
+        found = await ops.progress_summary(TaskFilter(app_id=app_id))
+        apps.append(Count(app_id, None, found))
     workers = await tm.workers() if has_registry(tm) else None
     types: list[Count] = []
+    type_apps: dict[str, list[Count]] = {}
+    split = caller.app_id is None and len(apps) <= SPLIT_APPS
     for task_type in sorted(types_in_use):
         found = await ops.progress_summary(TaskFilter(task_types=(task_type,)))
-        if found.total:
-            types.append(await _flagged(ops, Count(None, task_type, found), workers))
+        if not found.total:
+            continue
+        types.append(await _flagged(ops, Count(None, task_type, found), workers))
+        if not split:
+            continue
+        rows: list[Count] = []
+        for row in apps:
+            each = await ops.progress_summary(
+                TaskFilter(app_id=row.app_id, task_types=(task_type,))
+            )
+            if each.total:
+                rows.append(Count(row.app_id, task_type, each))
+        rest = _minus(found, rows)
+        if rest.total:
+            rows.append(Count(None, task_type, rest))
+        type_apps[task_type] = rows
     return Overview(
         totals=totals,
         apps=apps,
         types=types,
+        type_apps=type_apps,
+        apps_capped=caller.app_id is None and len(apps_in_use) > MAX_APPS,
         suspensions=suspensions,
         throughput=meter.minutes(caller),
         watching_since=meter.started_at,

@@ -28,7 +28,7 @@
         search.focus();
       }
     } else if (event.key === "j" || event.key === "k") {
-      const links = [...document.querySelectorAll("tr[data-task-id] td:first-child a")];
+      const links = [...document.querySelectorAll("tr[data-task-id] td[data-label=Task] a")];
       if (!links.length) return;
       const at = links.indexOf(document.activeElement);
       const next = event.key === "j" ? Math.min(at + 1, links.length - 1) : Math.max(at - 1, 0);
@@ -66,6 +66,21 @@
       setTimeout(refresh, every);
     };
     setTimeout(refresh, every);
+  }
+
+  // "Cancel N selected": the button counts the checked rows (the server counts again,
+  // children and aliases included, on its confirmation page).
+  const cancelSelected = document.getElementById("cancel-selected");
+  if (cancelSelected) {
+    const count = () => {
+      const checked = document.querySelectorAll("input[data-select]:checked").length;
+      cancelSelected.querySelector("[data-selected-count]").textContent = String(checked);
+      cancelSelected.disabled = checked === 0;
+    };
+    document.addEventListener("change", (event) => {
+      if (event.target.matches && event.target.matches("input[data-select]")) count();
+    });
+    count();
   }
 
   const url = body.dataset.events;
