@@ -47,7 +47,7 @@ def free_port() -> int:
 class Service:
     """``taskmill serve`` on a free port, in a process of its own."""
 
-    def __init__(self, url: str, workdir: Path) -> None:
+    def __init__(self, url: str, workdir: Path, worker: bool = False) -> None:
         tokens = workdir / "tokens.toml"
         tokens.write_text(f'[tokens]\n"{TOKEN}" = "bench"\n')
         self.port = free_port()
@@ -66,6 +66,7 @@ class Service:
                 str(tokens),
                 "--log-level",
                 "warning",
+                *(["--worker"] if worker else []),
             ],
             env={**os.environ, "TASKMILL_ENABLE_PLUGINS": "http"},
         )
@@ -252,7 +253,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         url = args.url or f"sqlite:///{Path(tmp) / 'bench.db'}"
         async with Taskmill(url, plugins=False):
             pass  # create the schema before the service opens it
-        service = Service(url, Path(tmp))
+        service = Service(url, Path(tmp), worker=args.worker)
         try:
             if args.mode == "post":
                 result = await bench_post(service.port, args.clients, args.requests)
@@ -284,6 +285,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--subscribers", type=int, default=100)
     parser.add_argument("--events", type=int, default=200)
+    parser.add_argument(
+        "--worker",
+        action="store_true",
+        help="taskmill serve --worker: a worker in the service's process (idle here: no "
+        "handler serves the bench's task types)",
+    )
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
     recorder = Recorder("http-service", enabled=not args.no_record)

@@ -209,3 +209,43 @@ async def test_close_waits_for_the_creates_in_flight(tm: Taskmill):
     await coalescer.close()
     assert all(c.done() and not c.cancelled() for c in creates)
     assert (await photos.progress_summary()).total == 10
+
+
+async def test_a_lone_create_goes_to_the_store_alone_and_at_once(
+    tm: Taskmill, monkeypatch: pytest.MonkeyPatch
+):
+    # No batch window: a lone create's store call starts with nothing else queued (it
+    # does not wait for company), and the creates that arrive while it is in flight
+    # wait together for the next call. The held store call is the only wait here.
+    calls: list[int] = []
+    entered, release = asyncio.Event(), asyncio.Event()
+    enqueue = tm.storage.enqueue
+
+    async def held(tasks: Sequence[NewTask]) -> list[Task]:
+        calls.append(len(tasks))
+        if len(calls) == 1:
+            entered.set()
+            await release.wait()
+        return await enqueue(tasks)
+
+    monkeypatch.setattr(tm.storage, "enqueue", held)
+    photos = tm.for_app("photos")
+    coalescer = CreateCoalescer(max_batch=100)
+    lone = asyncio.create_task(coalescer.enqueue(photos, TaskSpec(task_type="t")))
+    await entered.wait()
+    assert calls == [1]
+    queue = coalescer._queues["photos"]
+    assert queue.waiting == [] and queue.storing is not None
+
+    later = [
+        asyncio.create_task(coalescer.enqueue(photos, TaskSpec(task_type="t", params={"i": i})))
+        for i in range(5)
+    ]
+    await asyncio.sleep(0)
+    assert len(queue.waiting) == 5 and calls == [1]  # queued behind the call in flight
+    release.set()
+    tasks = await asyncio.gather(lone, *later)
+
+    assert calls == [1, 5]
+    assert [t.params.get("i") for t in tasks] == [None, 0, 1, 2, 3, 4]
+    assert coalescer._queues == {}  # nothing left waiting or in flight
