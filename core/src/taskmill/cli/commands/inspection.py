@@ -73,7 +73,7 @@ def add_commands(add: AddCommand) -> None:
         workers,
         "List the workers registered in the store, from every process and host: id, "
         "host, pid, version, start, last heartbeat, alive or dead, slots busy of total, "
-        "local queue and the task types each serves.",
+        "local queue and the task types each one runs.",
     )
     cmd.add_argument("--json", action="store_true", help="print the workers as JSON")
 

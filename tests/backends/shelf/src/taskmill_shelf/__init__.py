@@ -47,6 +47,8 @@ _READS = frozenset(
         "suspensions",
         "read_events",
         "handler_registrations",
+        "deleted_task",
+        "workers",
     }
 )
 """Operations that change nothing: they read the state and write no file."""
@@ -67,6 +69,9 @@ _WRITES = frozenset(
         "prune_events",
         "put_handler_registration",
         "delete_handler_registration",
+        "put_worker",
+        "remove_worker",
+        "prune_workers",
     }
 )
 
@@ -97,6 +102,7 @@ class ShelfStorage(MemoryStorage):
         transactions_across_records=True,
         commit_ordered_cursors=True,
         handler_registrations=True,
+        worker_registry=True,
     )
 
     def __init__(self, url: str, path: Path) -> None:
