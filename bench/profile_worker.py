@@ -92,10 +92,15 @@ def main() -> None:
     )
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--out", type=Path, help="where to write (default bench/results/...)")
+    parser.add_argument(
+        "--dump", type=Path, help="also save the raw profile here (for pstats: callers)"
+    )
     args = parser.parse_args()
     load_at_start = harness.load_1min()
     run = asyncio.run(profile_once(args.url, args.tasks, args.concurrency, args.prefetch))
     label = _label(args.url)
+    if args.dump:
+        run["profiler"].dump_stats(str(args.dump))
     out = args.out or harness.RESULTS_DIR / "profiles" / (
         f"profile-{label}-c{args.concurrency}"
         + (f"-p{args.prefetch}" if args.prefetch is not None else "")

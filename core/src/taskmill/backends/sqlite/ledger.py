@@ -71,7 +71,7 @@ class SQLiteLedger:
     transaction at ``now`` (integer microseconds); the events it is given accumulate in
     :attr:`events` for the operation to write with :func:`insert_events`."""
 
-    __slots__ = ("_conn", "_now", "_seqs", "events", "forgotten")
+    __slots__ = ("_conn", "_now", "_seqs", "buried", "events", "forgotten")
 
     def __init__(self, conn: sqlite3.Connection, now: int, events: list[Row] | None = None) -> None:
         self._conn = conn
@@ -80,14 +80,21 @@ class SQLiteLedger:
         self.events: list[Row] = [] if events is None else events
         self.forgotten: set[int] = set()
         """The seqs of the tasks :meth:`forget` deleted (their attempts are not logged)."""
+        self.buried: set[int] = set()
+        """The seqs of the tasks whose finish wrote their tombstones instead of updating
+        them (:func:`~taskmill.backends.sqlite.statements.bury_sql`): :meth:`forget`
+        deletes their rows without copying them."""
 
     async def forget(self, rows: Sequence[Row]) -> None:
         conn = self._conn
         seqs = [row[SEQ] for row in rows]
         self.forgotten.update(seqs)
+        buried = self.buried
+        copied = [seq for seq in seqs if seq not in buried] if buried else seqs
+        for chunk in chunks(copied):
+            conn.execute(sql.tombstones_sql(len(chunk)), [self._now, *chunk])
         for chunk in chunks(seqs):
             marks = sql.marks(len(chunk))
-            conn.execute(sql.tombstones_sql(len(chunk)), [self._now, *chunk])
             conn.execute(f"DELETE FROM attempts WHERE task_seq IN ({marks})", chunk)
             conn.execute(f"DELETE FROM tasks WHERE seq IN ({marks})", chunk)
 

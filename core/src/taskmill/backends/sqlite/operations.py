@@ -315,9 +315,12 @@ def _finish_values(finish: Finish, now: int) -> Row:
 
 
 def _apply_finishes(
-    conn: sqlite3.Connection, now: int, kind: FinishKind, values: list[Row]
+    conn: sqlite3.Connection, now: int, kind: FinishKind, values: list[Row], *, bury: bool = False
 ) -> dict[str, Row]:
-    """Run the batched statement of ``kind``; the returned rows by task id."""
+    """Run the batched statement of ``kind`` (with ``bury``: the tombstones'
+    :func:`~taskmill.backends.sqlite.statements.bury_sql`); the rows as the finish
+    leaves them, by task id."""
+    statement = sql.bury_sql if bury else sql.finish_sql
     out: dict[str, Row] = {}
     for start in range(0, len(values), sql.FINISH_CHUNK):
         chunk = values[start : start + sql.FINISH_CHUNK]
@@ -327,7 +330,7 @@ def _apply_finishes(
             params += row
         for _ in range(size - len(chunk)):
             params += sql.FINISH_PAD
-        for row in conn.execute(sql.finish_sql(kind, size), params):
+        for row in conn.execute(statement(kind, size), params):
             out[row[ID]] = row
     return out
 
@@ -362,16 +365,28 @@ async def _finish(
     log: list[Row] = []
     ledger = SQLiteLedger(conn, now)
     settlement = Settlement(ledger)
+    buried = ledger.buried
+    gone: set[str] = set()
+    """The tasks whose tombstones this call wrote: their rows stay RUNNING until the
+    settlement deletes them, so a later round's finish must not match them."""
     for indexes in finish_rounds(finishes):
-        by_kind: dict[FinishKind, list[int]] = {}
+        by_kind: dict[tuple[FinishKind, bool], list[int]] = {}
         for index in indexes:
-            by_kind.setdefault(finishes[index].kind, []).append(index)
+            one = finishes[index]
+            if gone and one.lease.task_id in gone:
+                continue
+            doomed = one.delete and one.kind in sql.BURIED
+            by_kind.setdefault((one.kind, doomed), []).append(index)
         values = {index: _finish_values(finishes[index], now) for index in indexes}
         # index -> (new row, attempt outcome, event kind)
         applied: dict[int, tuple[Row, str, EventKind]] = {}
         released: list[int] = []
-        for kind, members in by_kind.items():
-            rows = _apply_finishes(conn, now, kind, [values[i] for i in members])
+        for (kind, doomed), members in by_kind.items():
+            rows = _apply_finishes(conn, now, kind, [values[i] for i in members], bury=doomed)
+            if doomed:
+                for entombed in rows.values():
+                    buried.add(entombed[SEQ])
+                    gone.add(entombed[ID])
             for index in members:
                 row = rows.get(finishes[index].lease.task_id)
                 if row is not None:
@@ -405,8 +420,8 @@ async def _finish(
     if settlement.pending:
         await settlement.dependents()
     if ledger.forgotten:  # deleted with their logs: their last attempts are not written
-        gone = ledger.forgotten
-        log = [entry for entry in log if entry[0] not in gone]
+        forgotten = ledger.forgotten
+        log = [entry for entry in log if entry[0] not in forgotten]
     if log:
         conn.executemany(sql.INSERT_ATTEMPT, log)
     if ledger.events:

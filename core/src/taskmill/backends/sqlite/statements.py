@@ -26,10 +26,11 @@ from taskmill.lifecycle import (
     RESCUE_ERROR,
     RESCUES,
     RescueCase,
+    Transition,
 )
 from taskmill.model import SuspensionScope, TaskFilter
 from taskmill.sql.filters import Dialect, SQLFilter, suspended_sql, translate
-from taskmill.sql.lifecycle import Sources, literal, set_clause
+from taskmill.sql.lifecycle import Sources, assignments, literal, set_clause
 from taskmill.sql.rows import ATTEMPT_COLUMN_NAMES, TASK_COLUMN_NAMES, fence_clause
 from taskmill.storage import ClaimRequest, FinishKind
 
@@ -105,10 +106,49 @@ _FINISH_PROGRESS: Final = (
     "progress_message = CASE WHEN v.column9 THEN v.column12 ELSE tasks.progress_message END"
 )
 """A terminal finish keeps the attempt's last progress; a requeue resets it instead."""
+
+
+def _finish_values(t: Transition) -> dict[str, str]:
+    """Column → value of every column a finish taking ``t`` writes: what
+    :func:`finish_sql` assigns (checked below), for :func:`bury_sql` to select."""
+    values = assignments(t, _FINISH_SOURCES)
+    values |= {
+        "updated_at": "?1",
+        "worker_id": "NULL",
+        "lease_expires_at": "NULL",
+        "data": "coalesce(v.column8, tasks.data)",
+    }
+    if not t.requeues:
+        values |= {
+            f"progress_{name}": (
+                f"CASE WHEN v.column9 THEN v.column{n} ELSE tasks.progress_{name} END"
+            )
+            for name, n in (("done", 10), ("total", 11), ("message", 12))
+        }
+    return values
+
+
+_FINISH_VALUES: Final = {kind: _finish_values(t) for kind, t in FINISHES.items()}
+assert all(
+    ", ".join(f"{c} = {e}" for c, e in values.items())
+    == f"{FINISH_SETS[kind]}, {_FINISH_COMMON}"
+    + ("" if FINISHES[kind].requeues else f", {_FINISH_PROGRESS}")
+    for kind, values in _FINISH_VALUES.items()
+), "the finish's SET list and the tombstone's values differ"
+BURIED: Final = frozenset({FinishKind.COMPLETE, FinishKind.FAIL})
+"""The finish kinds whose ``delete`` deletes the task (they end it COMPLETED or
+FAILED): :func:`bury_sql` writes their tombstones instead of updating their rows."""
+_BURY_SELECTS: Final = {
+    kind: ", ".join(_FINISH_VALUES[kind].get(c, f"tasks.{c}") for c in TASK_COLUMN_NAMES)
+    for kind in BURIED
+}
+"""Per kind in :data:`BURIED`, the snapshot columns of a task as its finish leaves it
+(:data:`TASK_COLUMN_NAMES` order)."""
 FINISH_WIDTH: Final = 12
 FINISH_PAD: Final = (None,) * FINISH_WIDTH
 FINISH_CHUNK: Final = 128
 _finish_sql_cache: dict[tuple[FinishKind, int], str] = {}
+_bury_sql_cache: dict[tuple[FinishKind, int], str] = {}
 
 
 _VALUES_FENCE: Final = {"task_id": "v.column1", "worker_id": "v.column2", "attempt": "v.column3"}
@@ -141,6 +181,30 @@ def finish_sql(kind: FinishKind, rows: int) -> str:
         f"RETURNING {TASK_COLUMNS}"
     )
     _finish_sql_cache[(kind, rows)] = sql
+    return sql
+
+
+def bury_sql(kind: FinishKind, rows: int) -> str:
+    """The finish of ``kind`` (in :data:`BURIED`) for ``rows`` VALUES rows of finishes
+    with ``delete``: instead of :func:`finish_sql`'s ``UPDATE``, the rows as it would
+    leave them are written to ``tombstones`` (deleted at ``?1``, the store clock) and
+    returned; the task rows, left as they were, are deleted later in the transaction
+    (:meth:`~taskmill.backends.sqlite.ledger.SQLiteLedger.forget`). ``OR REPLACE``
+    drops an older tombstone of the same id. Same parameters as :func:`finish_sql`."""
+    cached = _bury_sql_cache.get((kind, rows))
+    if cached is not None:
+        return cached
+    row = "(" + ", ".join("?" * FINISH_WIDTH) + ")"
+    where = fence_clause(_VALUES_FENCE.__getitem__, column=_finish_column)
+    if kind in RELEASED_ON_STOP:
+        where += " AND tasks.cancel_reason IS NULL"  # as finish_sql
+    sql = (
+        f"INSERT OR REPLACE INTO tombstones (deleted_at, {TASK_COLUMNS}) "
+        f"SELECT ?1, {_BURY_SELECTS[kind]} "
+        f"FROM tasks, (VALUES {', '.join([row] * rows)}) AS v WHERE {where} "
+        f"RETURNING {TASK_COLUMNS}"
+    )
+    _bury_sql_cache[(kind, rows)] = sql
     return sql
 
 
