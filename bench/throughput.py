@@ -18,6 +18,9 @@ phases are timed and reported as tasks/s.
 - A setting ending in ``:delete`` runs the worker with ``delete_completed=True`` (a
   completed task leaves no row); it is skipped, and says so, where this checkout's
   ``WorkerOptions`` has no ``delete_completed``.
+- A setting with ``:batch=N`` registers the no-op as a batch handler
+  (``BatchOptions(max_size=N, max_wait=0.005)``, returning one ``None`` per task):
+  docs/batches.md. Give it a concurrency of at least N.
 
 Every round measures the backend's **reference** first (memory: the task-per-item floor
 and the strict floor per concurrency; SQLite: the raw ``sqlite3`` ceiling; PostgreSQL: the
@@ -62,7 +65,7 @@ from harness import (
     Recorder,
     Skip,
 )
-from taskmill import TaskFilter, Taskmill
+from taskmill import BatchOptions, Context, TaskFilter, Taskmill
 from taskmill.errors import ConfigurationError
 
 DEFAULT_CONCURRENCY = 10
@@ -108,19 +111,30 @@ class Setting:
     prefetch: int | None = None
     finish_window: float | None = None
     delete_completed: bool = False
+    batch: int | None = None
+    """The no-op as a batch handler of this ``max_size`` (None: one call per task)."""
 
     @classmethod
     def parse(cls, text: str) -> Setting:
         parts = text.split(":")
-        if len(parts) not in (3, 4) or (len(parts) == 4 and parts[3] != "delete"):
+        extras = parts[3:]
+        batches = [e for e in extras if e.startswith("batch=")]
+        if (
+            len(parts) < 3
+            or len(batches) > 1
+            or any(e != "delete" and not e.startswith("batch=") for e in extras)
+        ):
             raise ValueError(text)
         concurrency, prefetch, window = parts[:3]
         setting = cls(
             int(concurrency),
             None if prefetch == "default" else int(prefetch),
             None if window == "default" else float(window),
-            len(parts) == 4,
+            "delete" in extras,
+            int(batches[0].removeprefix("batch=")) if batches else None,
         )
+        if setting.batch is not None and setting.batch < 1:
+            raise ValueError(text)
         if setting.concurrency < 1 or (setting.prefetch or 0) < 0:
             raise ValueError(text)
         if (setting.finish_window or 0) < 0:
@@ -131,8 +145,10 @@ class Setting:
     def label(self) -> str:
         prefetch = "default" if self.prefetch is None else self.prefetch
         window = "default" if self.finish_window is None else f"{self.finish_window:g}"
-        return f"{self.concurrency}:{prefetch}:{window}" + (
-            ":delete" if self.delete_completed else ""
+        return (
+            f"{self.concurrency}:{prefetch}:{window}"
+            + (":delete" if self.delete_completed else "")
+            + ("" if self.batch is None else f":batch={self.batch}")
         )
 
     def worker_args(self) -> dict[str, Any]:
@@ -152,12 +168,21 @@ class Setting:
             "prefetch": "auto" if self.prefetch is None else self.prefetch,
             "finish_window": "default" if self.finish_window is None else self.finish_window,
             "delete_completed": self.delete_completed,
+            "batch": self.batch,
         }
 
 
-def open_taskmill(url: str, task_type: str) -> Taskmill:
+async def noop_batch(batch: list[Context]) -> list[None]:
+    """The batch form of the no-op: one None outcome per task."""
+    return [None] * len(batch)
+
+
+def open_taskmill(url: str, task_type: str, batch: int | None = None) -> Taskmill:
     tm = Taskmill(url, plugins=False, auto_migrate=True)
-    tm.register(task_type, references.noop)
+    if batch is None:
+        tm.register(task_type, references.noop)
+    else:
+        tm.register(task_type, noop_batch, batch=BatchOptions(max_size=batch, max_wait=0.005))
     return tm
 
 
@@ -191,10 +216,11 @@ async def drain(tm: Taskmill, setting: Setting, profile: Path | None) -> tuple[f
 
 async def drain_in_this_process(args: argparse.Namespace) -> None:
     """``--drain``: the worker process of a run. Prints its figures as one JSON line."""
-    tm = open_taskmill(args.url[0], args.task_type)
+    tm = open_taskmill(args.url[0], args.task_type, args.handler_batch)
     setting = Setting.parse(
         f"{args.concurrency}:{args.prefetch}:{args.finish_window}"
         + (":delete" if args.delete_completed else "")
+        + ("" if args.handler_batch is None else f":batch={args.handler_batch}")
     )
     async with tm:
         try:
@@ -218,6 +244,8 @@ def drain_command(url: str, task_type: str, setting: Setting) -> list[str]:
     ]  # fmt: skip
     if setting.delete_completed:
         command.append("--delete-completed")
+    if setting.batch is not None:
+        command += ["--handler-batch", str(setting.batch)]
     return command
 
 
@@ -273,7 +301,7 @@ async def run_once(
         raise Skip(DELETE_UNAVAILABLE)
     task_type = f"bench-noop-{uuid.uuid4().hex[:8]}"
     async with store_for_run(url) as (run_url, shared):
-        tm = open_taskmill(run_url, task_type)
+        tm = open_taskmill(run_url, task_type, setting.batch)
         async with tm:
             if setting.delete_completed and _store_cannot_delete(tm):
                 raise Skip(f"{DELETE_UNAVAILABLE} ({type(tm.storage).__name__})")
@@ -397,9 +425,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="slots for the secondary figure (0: skip it)",
     )  # fmt: skip
     parser.add_argument(
-        "--setting", action="append", type=Setting.parse, default=[], metavar="C:P:W[:delete]",
+        "--setting", action="append", type=Setting.parse, default=[],
+        metavar="C:P:W[:delete][:batch=N]",
         help="worker concurrency:prefetch:finish_window, P or W `default` for the worker's "
-        "default, `:delete` for delete_completed=True (repeatable; default: C:default:default "
+        "default, `:delete` for delete_completed=True, `:batch=N` for a batch handler "
+        "(repeatable; default: C:default:default "
         f"and C:{THROUGHPUT_PREFETCH}:{THROUGHPUT_FINISH_WINDOW} for C in --concurrency and "
         "--default-concurrency)",
     )  # fmt: skip
@@ -421,6 +451,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--finish-window", default="default", help=argparse.SUPPRESS)
     parser.add_argument("--delete-completed", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--task-type", help=argparse.SUPPRESS)
+    parser.add_argument("--handler-batch", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.drain:
         if len(args.url) != 1 or not args.task_type:
