@@ -9,7 +9,16 @@
   every subscriber and event the delay from the enqueue's commit (when the call
   returned) to the event's arrival is measured: p50/p99/max.
 
+- ``--client node`` (``post`` only): the load comes from ``bench/http_node_client.mjs``
+  (Node's ``fetch``, keep-alive), as an app in another language would send it, after
+  ``--sequential`` lone creates from one client; with ``--handler`` that script also
+  serves the task type as an HTTP handler (200 ``null``), registered with ``PUT
+  /v1/handlers``, so the service's ``--worker`` runs every task created (the realistic
+  setting: service and worker in one process), and it reports when the last ran.
+
     uv run python bench/http_service.py --mode post --url sqlite:///... (or postgresql://)
+    uv run python bench/http_service.py --mode post --client node --worker --handler \
+        --clients 32 --requests 5000 --sequential 500 --url postgresql://...
 
 Results are printed and recorded in ``bench/results/http-service.jsonl``.
 """
@@ -20,6 +29,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -248,6 +258,62 @@ def backend_of(url: str) -> str:
     return url.split(":", 1)[0]
 
 
+NODE_CLIENT = Path(__file__).with_name("http_node_client.mjs")
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes so far (0 for one that ended)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / _TICK
+
+
+def local_postgres() -> list[int]:
+    """The pids of this machine's PostgreSQL processes (server and backends)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == "postgres":
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def bench_node(base: str, args: argparse.Namespace, service_pid: int) -> dict[str, Any]:
+    """The ``post`` load from Node (``http_node_client.mjs``): its JSON report, with the
+    CPU seconds the service process and (on a local PostgreSQL) the server spent
+    meanwhile (backends that ended during the run are not counted)."""
+    node = shutil.which("node")
+    if node is None:
+        raise SystemExit("--client node needs `node` (18 or newer) on PATH")
+    command = [
+        node, str(NODE_CLIENT), "--base", base, "--token", TOKEN,
+        "--clients", str(args.clients), "--requests", str(args.requests),
+        "--task-type", "bench-post", "--sequential", str(args.sequential),
+        *(["--handler"] if args.handler else []),
+    ]  # fmt: skip
+    postgres = local_postgres() if args.url and args.url.startswith("postgres") else []
+    service_before, postgres_before = cpu_seconds([service_pid]), cpu_seconds(postgres)
+    done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
+    if done.returncode != 0:
+        raise SystemExit(f"the Node client failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    report["service_cpu_s"] = round(cpu_seconds([service_pid]) - service_before, 2)
+    if postgres:
+        report["postgres_cpu_s"] = round(cpu_seconds(local_postgres()) - postgres_before, 2)
+    return report
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         url = args.url or f"sqlite:///{Path(tmp) / 'bench.db'}"
@@ -255,7 +321,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             pass  # create the schema before the service opens it
         service = Service(url, Path(tmp), worker=args.worker)
         try:
-            if args.mode == "post":
+            if args.mode == "post" and args.client == "node":
+                result = await asyncio.to_thread(
+                    bench_node, service.base, args, service.process.pid
+                )
+            elif args.mode == "post":
                 result = await bench_post(service.port, args.clients, args.requests)
             elif args.mode == "batch":
                 result = await bench_batch(
@@ -288,11 +358,22 @@ def main() -> None:
     parser.add_argument(
         "--worker",
         action="store_true",
-        help="taskmill serve --worker: a worker in the service's process (idle here: no "
-        "handler serves the bench's task types)",
+        help="taskmill serve --worker: a worker in the service's process (idle unless "
+        "--handler registers one for the bench's task type)",
+    )
+    parser.add_argument("--client", choices=["python", "node"], default="python")
+    parser.add_argument(
+        "--handler",
+        action="store_true",
+        help="--client node: serve the task type as an HTTP handler the worker calls",
+    )
+    parser.add_argument(
+        "--sequential", type=int, default=0, help="--client node: lone creates first"
     )
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
+    if (args.handler or args.sequential) and args.client != "node":
+        parser.error("--handler and --sequential go with --client node")
     recorder = Recorder("http-service", enabled=not args.no_record)
     load, date = load_1min(), now_iso()
     result = asyncio.run(run(args))

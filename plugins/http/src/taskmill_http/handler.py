@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from typing import Any
+from typing import Any, Final
 
 import httpx
 from taskmill.context import Context
@@ -42,6 +42,15 @@ from taskmill.serialization import dumps
 from taskmill.storage import Lease
 
 from taskmill_http.allowlist import HandlerHosts, HostNotAllowed, Route
+from taskmill_http.transport import (
+    ConnectFailed,
+    ConnectTimeout,
+    HttpResponse,
+    Origin,
+    Transport,
+    TransportFailed,
+    check_header,
+)
 
 _ERROR_EXCERPT = 500
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -102,7 +111,10 @@ def request_body(task: Task) -> dict[str, Any]:
     }
 
 
-class HttpHandler(ProxyHandler["asyncio.Task[httpx.Response]"]):
+_RESERVED_HEADERS: Final = frozenset({"host", "content-length", "transfer-encoding", "connection"})
+
+
+class HttpHandler(ProxyHandler["asyncio.Task[HttpResponse]"]):
     """Runs each task by ``POST url`` (see the module docstring for the protocol).
 
     Register it like any handler, in code or through a plugin::
@@ -111,7 +123,9 @@ class HttpHandler(ProxyHandler["asyncio.Task[httpx.Response]"]):
 
     or, stored so that every worker serves it, with ``PUT /v1/handlers/{task_type}``.
 
-    :param headers: extra request headers (an ``Authorization`` for the receiver, say).
+    :param headers: extra request headers (an ``Authorization`` for the receiver, say);
+        not ``Host``, ``Content-Length``, ``Transfer-Encoding`` or ``Connection``, which
+        the request sets itself.
     :param connect_timeout: seconds to connect; a receiver that cannot be reached is a
         retried failure. Waiting for the answer is bounded by the handler's
         ``timeout`` only.
@@ -129,66 +143,87 @@ class HttpHandler(ProxyHandler["asyncio.Task[httpx.Response]"]):
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"an HttpHandler URL is http:// or https://, got {url!r}")
+        try:
+            parsed = httpx.URL(url)
+        except httpx.InvalidURL as exc:
+            raise ValueError(f"the HttpHandler URL {url!r} is not a URL: {exc}") from None
+        if not parsed.raw_host:
+            raise ValueError(f"the HttpHandler URL {url!r} has no host")
+        for name, value in (headers or {}).items():
+            check_header(name, value)
+            if name.lower() in _RESERVED_HEADERS:
+                raise ValueError(f"an HttpHandler sets the {name} header itself")
         self.url = url
+        self._parsed = parsed
+        self._target = parsed.raw_path.decode("ascii")
+        self._host_header = parsed.netloc.decode("ascii")
+        self._origin: Origin = (
+            parsed.scheme,
+            parsed.raw_host.decode("ascii"),
+            parsed.port or _DEFAULT_PORTS[parsed.scheme],
+            None,
+        )
         self.headers = dict(headers or {})
+        self._request_headers = {**self.headers, "Content-Type": "application/json"}
         self.connect_timeout = connect_timeout
         self.hosts = hosts
         self.cancel_grace = 0.0
-        self._client: httpx.AsyncClient | None = None
+        self._transport: Transport | None = None
 
     def __repr__(self) -> str:
         return f"HttpHandler({self.url!r})"
 
-    def _http(self) -> httpx.AsyncClient:
-        # One connection pool per handler and event loop.
-        client = self._client
-        if client is None or client.is_closed:
-            timeout = httpx.Timeout(None, connect=self.connect_timeout)
-            client = self._client = httpx.AsyncClient(
-                timeout=timeout, trust_env=False, follow_redirects=False
-            )
-        return client
+    def _http(self) -> Transport:
+        # One set of kept-alive connections per handler (a worker runs one event loop).
+        transport = self._transport
+        if transport is None:
+            transport = self._transport = Transport(connect_timeout=self.connect_timeout)
+        return transport
 
     async def aclose(self) -> None:
         """Close the connections (a new request opens them again)."""
-        if self._client is not None:
-            await self._client.aclose()
+        if self._transport is not None:
+            await self._transport.aclose()
 
-    async def send(self, ctx: Context, params: dict[str, Any]) -> asyncio.Task[httpx.Response]:
+    async def send(self, ctx: Context, params: dict[str, Any]) -> asyncio.Task[HttpResponse]:
         """Start the request; the attempt's outcome is its answer."""
-        body = dumps(request_body(ctx.task))
-        headers = {**self.headers, "Content-Type": "application/json"}
+        body = dumps(request_body(ctx.task)).encode()
         if self.hosts is None:
-            return asyncio.create_task(self._http().post(self.url, content=body, headers=headers))
-        return asyncio.create_task(self._checked_post(self.hosts, body, headers))
+            return asyncio.create_task(
+                self._http().post(
+                    self._origin, self._target, self._host_header, body, self._request_headers
+                )
+            )
+        return asyncio.create_task(self._checked_post(self.hosts, body))
 
-    async def _checked_post(
-        self, hosts: HandlerHosts, body: str, headers: dict[str, str]
-    ) -> httpx.Response:
+    async def _checked_post(self, hosts: HandlerHosts, body: bytes) -> HttpResponse:
         """POST ``body`` where ``hosts`` lets the URL go: as it is (an address or a name
         on the list), else to each checked address of its name in turn (the ``Host``
         header and the TLS server name still the name's), never resolving it again."""
-        url = httpx.URL(self.url)
-        route = await url_route(hosts, url)
+        route = await url_route(hosts, self._parsed)
+        http = self._http()
         if not route.addresses:
-            return await self._http().post(url, content=body, headers=headers)
-        pinned = {**headers, "Host": url.netloc.decode("ascii")}
-        extensions = {"sni_hostname": route.host} if url.scheme == "https" else {}
-        failure: httpx.ConnectError | None = None
+            return await http.post(
+                self._origin, self._target, self._host_header, body, self._request_headers
+            )
+        scheme, _, port, _ = self._origin
+        server_name = route.host if scheme == "https" else None
+        failure: ConnectFailed | None = None
         for address in route.addresses:
             try:
-                return await self._http().post(
-                    url.copy_with(host=address),
-                    content=body,
-                    headers=pinned,
-                    extensions=extensions,
+                return await http.post(
+                    (scheme, address, port, server_name),
+                    self._target,
+                    self._host_header,
+                    body,
+                    self._request_headers,
                 )
-            except httpx.ConnectError as exc:
+            except ConnectFailed as exc:
                 failure = exc  # the next address, as a client tries a name's addresses
         assert failure is not None
         raise failure
 
-    async def receive(self, ctx: Context, handle: asyncio.Task[httpx.Response]) -> JSON:
+    async def receive(self, ctx: Context, handle: asyncio.Task[HttpResponse]) -> JSON:
         """Wait for the answer and map it to the attempt's outcome."""
         try:
             response = await handle
@@ -196,11 +231,11 @@ class HttpHandler(ProxyHandler["asyncio.Task[httpx.Response]"]):
             raise Fail(f"not sent: {exc}") from None
         except OSError as exc:  # the name did not resolve: perhaps for a moment
             raise ProxyError(f"cannot resolve the host of {self.url}: {exc}") from None
-        except httpx.TimeoutException as exc:
-            raise ProxyError(f"{self.url} did not answer: {type(exc).__name__}") from None
-        except httpx.TransportError as exc:
+        except ConnectTimeout as exc:
+            raise ProxyError(f"{self.url} did not answer: ConnectTimeout: {exc}") from None
+        except TransportFailed as exc:
             raise ProxyError(f"cannot reach {self.url}: {type(exc).__name__}: {exc}") from None
-        status = response.status_code
+        status = response.status
         if status == 202:
             raise Detached(f"{self.url} took the attempt over (202 Accepted)")
         if 300 <= status < 400:
@@ -224,7 +259,7 @@ class HttpHandler(ProxyHandler["asyncio.Task[httpx.Response]"]):
             raise Fail(f"{self.url} refused the task ({status}): {excerpt}")
         raise ProxyError(f"{self.url} answered {status}: {excerpt}")
 
-    async def cancel(self, handle: asyncio.Task[httpx.Response], grace: float) -> None:
+    async def cancel(self, handle: asyncio.Task[HttpResponse], grace: float) -> None:
         """Abort the request: the receiver sees its connection closed."""
         handle.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
