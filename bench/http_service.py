@@ -301,6 +301,7 @@ def bench_node(base: str, args: argparse.Namespace, service_pid: int) -> dict[st
         "--clients", str(args.clients), "--requests", str(args.requests),
         "--task-type", "bench-post", "--sequential", str(args.sequential),
         *(["--handler"] if args.handler else []),
+        *(["--fetch"] if args.fetch else []),
     ]  # fmt: skip
     postgres = local_postgres() if args.url and args.url.startswith("postgres") else []
     service_before, postgres_before = cpu_seconds([service_pid]), cpu_seconds(postgres)
@@ -370,10 +371,13 @@ def main() -> None:
     parser.add_argument(
         "--sequential", type=int, default=0, help="--client node: lone creates first"
     )
+    parser.add_argument(
+        "--fetch", action="store_true", help="--client node: fetch() instead of node:http"
+    )
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
-    if (args.handler or args.sequential) and args.client != "node":
-        parser.error("--handler and --sequential go with --client node")
+    if (args.handler or args.sequential or args.fetch) and args.client != "node":
+        parser.error("--handler, --sequential and --fetch go with --client node")
     recorder = Recorder("http-service", enabled=not args.no_record)
     load, date = load_1min(), now_iso()
     result = asyncio.run(run(args))
