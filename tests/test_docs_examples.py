@@ -178,6 +178,7 @@ WORKSPACE_PACKAGES = frozenset(
         "taskmill_http",
         "taskmill_mongo",
         "taskmill_mysql",
+        "taskmill_otel",
         "taskmill_postgres",
         "taskmill_prometheus",
     }

@@ -212,7 +212,7 @@ def test_plugins_false_loads_no_installed_plugin(installed):
 
 def test_taskmill_disable_plugins_skips_the_named_plugins(installed):
     outcome = _run_taskmill(installed, "acme", TASKMILL_DISABLE_PLUGINS="demo, acme")
-    assert [p["name"] for p in outcome["plugins"]] == ["http", "prometheus"]
+    assert [p["name"] for p in outcome["plugins"]] == ["http", "otel", "prometheus"]
     assert "taskmill_acme" not in outcome["modules"]
     assert [t[0] for t in outcome["tasks"]] == ["pending", "pending"]
 

@@ -28,7 +28,7 @@ from taskmill.errors import (
     UnknownTaskType,
     WaitTimeout,
 )
-from taskmill.hookspecs import hookimpl
+from taskmill.hookspecs import headers_of, hookimpl
 from taskmill.limits import InvalidLimit
 from taskmill.model import (
     Attempt,
@@ -111,5 +111,6 @@ __all__ = [
     "WorkerArgs",
     "WorkerHost",
     "WorkerOptions",
+    "headers_of",
     "hookimpl",
 ]

@@ -28,6 +28,7 @@ from taskmill.canvas_inputs import member_params
 from taskmill.context import Context
 from taskmill.errors import Cancelled, Detached, Fail, Retry, TaskmillError
 from taskmill.handler_threads import run_in_thread
+from taskmill.headers import HEADERS_KEY
 from taskmill.hosts import HandlerControl
 from taskmill.lifecycle import FINISHES, decide_retry, finish_kind
 from taskmill.model import AttemptOutcome, CancelReason, Task
@@ -239,6 +240,8 @@ class AttemptRunner:
             params = await member_params(
                 self._storage, execution.task, batch=handler.batch is not None
             )
+        if HEADERS_KEY in params:  # stored for the plugins (taskmill_task_headers)
+            params = {key: value for key, value in params.items() if key != HEADERS_KEY}
         if handler.batch is not None:
             return await self.batcher.run(handler, ctx)
         func = cast(HandlerFunc, handler.func)

@@ -28,19 +28,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 from taskmill.errors import PluginError
+from taskmill.headers import HEADERS_KEY
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from taskmill.context import Context
-    from taskmill.model import AttemptOutcome, CancelReason, Task
+    from taskmill.model import AttemptOutcome, CancelReason, Task, TaskSpec
     from taskmill.periodic import Schedule
     from taskmill.registry import HandlerRegistrar
     from taskmill.worker import Worker
@@ -89,6 +90,50 @@ def taskmill_register_schedules() -> Iterable[Schedule]:
     fail with :class:`~taskmill.PluginError`.
     """
     return ()
+
+
+# -- task headers -------------------------------------------------------------------
+
+
+def headers_of(task: Task) -> dict[str, str]:
+    """The headers stored with ``task`` (what the :func:`taskmill_task_headers`
+    implementations returned when it was enqueued), or ``{}`` when it has none; a value
+    that is not a string is left out. They are kept in ``task.params`` under the
+    reserved key ``"taskmill.headers"`` (``taskmill.headers.HEADERS_KEY``). Also
+    importable as ``taskmill.headers_of``."""
+    stored = task.params.get(HEADERS_KEY)
+    if not isinstance(stored, dict):
+        return {}
+    return {key: value for key, value in stored.items() if isinstance(value, str)}
+
+
+@hookspec
+def taskmill_task_headers(spec: TaskSpec, task_id: str) -> Mapping[str, str] | None:
+    """Return headers to store with a task about to be enqueued, or None.
+
+    For context propagation: a tracing plugin returns the current trace context (a W3C
+    ``traceparent``, say), and reads it back in the worker with :func:`headers_of`.
+    Called once per task, in the process that enqueues it, before it is checked and
+    stored, by ``enqueue``, ``enqueue_many``, ``batch_children``, ``ctx.spawn`` and the
+    tasks of ``chain``, ``group`` and ``chord``; in the caller's context (a handler's,
+    for a task enqueued by a handler), so ``contextvars`` the caller set are seen. Not
+    called for the tasks a scheduler fires, nor for a group's root task. Must be a plain
+    ``def`` (it runs inline for every task: keep it quick).
+
+    The returned mappings of every implementation are merged (for a key two of them
+    return, the implementation called first wins) and stored with the task, in its
+    params, under the reserved key ``"taskmill.headers"``; nothing is stored when all
+    return None or nothing. Keys and values must be strings: another key or value is
+    left out, logged. An exception is logged with the plugin's name and ignored (the
+    task is enqueued without that plugin's headers); the headers count towards the
+    params' size limit. When no plugin implements this hook, the enqueue path does not
+    call it.
+
+    :param spec: the task's spec, ``app_id`` resolved for an app-bound enqueue.
+    :param task_id: the id the task will be stored under (an alias made by a
+        ``dedupe_key`` keeps its own id, ``alias_of`` names its leader).
+    :returns: the headers (string keys and values), or None.
+    """
 
 
 # -- task lifecycle -------------------------------------------------------------------

@@ -53,12 +53,20 @@ class TaskHooks(Protocol):
     when no plugin implements the hooks behind it: the call is then skipped."""
 
     @property
+    def provides_headers(self) -> bool:
+        """A plugin implements ``taskmill_task_headers``."""
+
+    @property
     def observes_enqueues(self) -> bool:
         """A plugin implements ``taskmill_task_enqueued``."""
 
     @property
     def observes_cancels(self) -> bool:
         """A plugin implements ``taskmill_task_cancelled``."""
+
+    def task_headers(self, spec: TaskSpec, task_id: str) -> dict[str, str]:
+        """The headers the plugins give the task ``spec`` describes, to store under
+        :data:`~taskmill.headers.HEADERS_KEY` (``taskmill_task_headers``)."""
 
     async def tasks_enqueued(self, tasks: list[Task]) -> None:
         """``tasks`` were stored by an enqueue of this process."""

@@ -27,6 +27,7 @@ import attrs
 from taskmill import canvas
 from taskmill.canvas import Chain, Chord, Group
 from taskmill.errors import InvalidTaskSpec, TaskNotFound, WaitTimeout
+from taskmill.headers import HEADERS_KEY
 from taskmill.model import (
     ACTIVE_STATUSES,
     Attempt,
@@ -239,8 +240,30 @@ class TaskOperations:
             for parent_id in {s.parent_id for s in specs if s.parent_id is not None}:
                 await self._require(parent_id)
         ids = _fresh_ids(len(specs))
-        new_tasks = [host.new_task(spec, task_id) for spec, task_id in zip(specs, ids, strict=True)]
+        new_tasks = [
+            self._new_task(spec, task_id) for spec, task_id in zip(specs, ids, strict=True)
+        ]
         return await self._store(new_tasks)
+
+    def _new_task(self, spec: TaskSpec, task_id: str) -> NewTask:
+        """``host.new_task`` for ``spec``, with the headers the plugins give it stored
+        under the reserved params key (``taskmill_task_headers``, docs/plugins.md).
+
+        :raises InvalidTaskSpec: the params use the reserved key themselves.
+        """
+        params = spec.params
+        if isinstance(params, dict) and HEADERS_KEY in params:
+            raise InvalidTaskSpec(
+                f"params key {HEADERS_KEY!r} is reserved for the headers plugins store with "
+                "a task (docs/plugins.md#taskmill_task_headers); give the value another key",
+                field="params",
+            )
+        plugins = self._host.plugins
+        if plugins.provides_headers and (params is None or isinstance(params, dict)):
+            headers: dict[str, Any] = plugins.task_headers(spec, task_id)
+            if headers:
+                spec = attrs.evolve(spec, params={**(params or {}), HEADERS_KEY: headers})
+        return self._host.new_task(spec, task_id)
 
     async def _store(self, new_tasks: list[NewTask], *, wake: bool = True) -> list[Task]:
         """Store checked tasks in one call, wake this process's workers (unless not
@@ -291,8 +314,9 @@ class TaskOperations:
             ``parent_id`` or an ``after_policy``, links of several apps, or a link whose
             params already have the key the result is passed in. Nothing is stored.
         """
+        _check_input_key(pass_result)
         specs = self._canvas_specs(links)
-        plan = canvas.plan_chain(specs, pass_result, self._host.new_task)
+        plan = canvas.plan_chain(specs, pass_result, self._new_task)
         await self._store_plan(plan)
         return Chain(plan.root, ops=self, links=plan.members)
 
@@ -305,7 +329,7 @@ class TaskOperations:
         :raises InvalidTaskSpec: see :meth:`chain`.
         """
         specs = self._canvas_specs(members)
-        plan = canvas.plan_group(specs, self._host.new_task)
+        plan = canvas.plan_group(specs, self._new_task)
         await self._store_plan(plan)
         return Group(plan.root, ops=self, members=plan.members)
 
@@ -323,9 +347,10 @@ class TaskOperations:
 
         :raises InvalidTaskSpec: see :meth:`chain`.
         """
+        _check_input_key(pass_result)
         specs = self._canvas_specs(members)
         (last,) = self._canvas_specs([callback])
-        plan = canvas.plan_chord(specs, last, pass_result, self._host.new_task)
+        plan = canvas.plan_chord(specs, last, pass_result, self._new_task)
         await self._store_plan(plan)
         return Chord(plan.root, ops=self, members=plan.members)
 
@@ -632,6 +657,17 @@ class AppTasks(TaskOperations):
 
     def __repr__(self) -> str:
         return f"AppTasks(app_id={self._app_id!r}, url={self._host.url!r})"
+
+
+def _check_input_key(pass_result: object) -> None:
+    """Refuse to pass a canvas result in the reserved headers key (the handler would
+    never see it)."""
+    if pass_result == HEADERS_KEY:
+        raise InvalidTaskSpec(
+            f"params key {HEADERS_KEY!r} is reserved for the headers plugins store with a "
+            "task: pass the result in another key",
+            field="pass_result",
+        )
 
 
 def _cancel_reason(reason: object) -> CancelReason:

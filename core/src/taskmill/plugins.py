@@ -42,7 +42,7 @@ from taskmill import hookspecs
 from taskmill.context import Context
 from taskmill.errors import HandlerConflict, PluginError
 from taskmill.hookspecs import CommandRegistrar as CommandRegistrar  # its old home
-from taskmill.model import AttemptOutcome, CancelReason, Task, TaskStatus
+from taskmill.model import AttemptOutcome, CancelReason, Task, TaskSpec, TaskStatus
 from taskmill.periodic import Schedule
 from taskmill.registry import Handler, HandlerRegistrar, HandlerRegistry
 from taskmill.storage import Finish, FinishKind, utcnow
@@ -171,6 +171,8 @@ class Plugins:
         """Names in the enable or disable list that match no installed plugin."""
         self.broken: tuple[BrokenPlugin, ...] = ()
         """Installed plugins that failed to load with ``strict=False``."""
+        self.provides_headers = False
+        """True when some plugin implements ``taskmill_task_headers``."""
         self.observes_enqueues = False
         self.observes_cancels = False
         self.observes_finishes = False
@@ -347,6 +349,12 @@ class Plugins:
                         f"{info.label}: {caller.name} is a pluggy wrapper, which taskmill "
                         "does not support; wrap handlers with taskmill_handler_context"
                     )
+        for impl in self._pm.hook.taskmill_task_headers.get_hookimpls():
+            if impl.plugin is plugin and inspect.iscoroutinefunction(impl.function):
+                raise PluginError(
+                    f"{info.label}: taskmill_task_headers must be a plain def: it is "
+                    "called inline for every task enqueued"
+                )
         for name in HOOK_NAMES:
             if name not in implemented and callable(getattr(plugin, name, None)):
                 raise PluginError(
@@ -437,6 +445,7 @@ class Plugins:
             for name in HOOK_NAMES
         }
         has = {name for name, impls in self._impls.items() if impls}
+        self.provides_headers = "taskmill_task_headers" in has
         self.observes_enqueues = "taskmill_task_enqueued" in has
         self.observes_cancels = "taskmill_task_cancelled" in has
         self.observes_finishes = bool(
@@ -464,6 +473,33 @@ class Plugins:
                     await result
             except Exception:
                 log.exception("%s: %s failed (ignored)", self._label(impl.plugin_name), hook)
+
+    def task_headers(self, spec: TaskSpec, task_id: str) -> dict[str, str]:
+        """The headers to store with the task ``spec`` describes: the merged results of
+        ``taskmill_task_headers`` (the implementation called first wins a key). An
+        exception, or a key or value that is not a string, is logged and left out."""
+        headers: dict[str, str] = {}
+        kwargs = {"spec": spec, "task_id": task_id}
+        for impl in self._impls["taskmill_task_headers"]:
+            try:
+                returned: Any = impl.function(*[kwargs[name] for name in impl.argnames])
+                if returned is None:
+                    continue
+                for key, value in returned.items():
+                    if isinstance(key, str) and isinstance(value, str):
+                        headers.setdefault(key, value)
+                    else:
+                        log.error(
+                            "%s: taskmill_task_headers returned %r: %r, not strings (left out)",
+                            self._label(impl.plugin_name),
+                            key,
+                            value,
+                        )
+            except Exception:
+                log.exception(
+                    "%s: taskmill_task_headers failed (ignored)", self._label(impl.plugin_name)
+                )
+        return headers
 
     async def tasks_enqueued(self, tasks: list[Task]) -> None:
         """``tasks`` were stored by this process: ``taskmill_task_enqueued`` for each."""
