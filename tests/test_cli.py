@@ -133,6 +133,32 @@ def test_show_prints_the_traceback_excerpt_of_a_failed_attempt_and_ls_its_first_
     assert "ValueError: invalid literal" in listing and "Traceback" not in listing
 
 
+def test_show_marks_the_run_a_manual_retry_started(cli, url, tmp_path):
+    (tmp_path / "flaky_handlers.py").write_text(
+        "def register(tm):\n"
+        "    @tm.handler('flaky', max_retries=1)\n"
+        "    async def flaky(ctx, params):\n"
+        "        raise RuntimeError('no')\n"
+    )
+    task_id = _enqueue(cli, url, "flaky", "--import", "flaky_handlers")
+    _ok(cli("--url", url, "worker", "--import", "flaky_handlers", "--until-idle"))
+    wait_until(lambda: _task(url, task_id).status is TaskStatus.FAILED, "the first run failed")
+    _ok(cli("--url", url, "retry", task_id))
+    _ok(cli("--url", url, "worker", "--import", "flaky_handlers", "--until-idle"))
+    wait_until(lambda: _task(url, task_id).status is TaskStatus.FAILED, "the second run failed")
+
+    document = json.loads(_ok(cli("--url", url, "show", task_id, "--json")))
+    assert [(a["run"], a["number"]) for a in document["attempts"]] == [
+        (1, 1),
+        (1, 2),
+        (2, 1),
+        (2, 2),
+    ]
+    text = _ok(cli("--url", url, "show", task_id, COLUMNS="200"))
+    assert re.search(r"^\s*run\s+#\s+outcome", text, re.MULTILINE), text
+    assert re.search(r"^\s*2\s+1\s+failed", text, re.MULTILINE), text
+
+
 def test_show_and_retry_accept_the_short_id_that_ls_prints(cli, url):
     task_id = _enqueue(cli, url, "test.add", "--params", '{"a": 1, "b": 1}')
     shown = _ok(cli("--url", url, "show", task_id[:8]))

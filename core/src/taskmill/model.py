@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import operator
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final, TypeAlias
 
@@ -214,6 +214,31 @@ class Attempt:
     def elapsed_ms(self) -> float:
         """Wall time of the attempt in milliseconds."""
         return (self.finished_at - self.started_at).total_seconds() * 1000.0
+
+
+def attempt_runs(attempts: Sequence[Attempt]) -> list[int]:
+    """The run (1, 2, ...) each attempt of one task's log belongs to, oldest first.
+
+    A manual retry (``tm.retry``, ``taskmill retry``, the dashboard's Retry) gives the
+    task a fresh attempt budget, so its attempt numbers start again at 1; the log keeps
+    the earlier run's attempts. A new run starts where the number goes down, or repeats
+    after an attempt that spent it (every outcome but INTERRUPTED, which gives the task
+    back without spending its attempt, so the next one has the same number)."""
+    runs: list[int] = []
+    run = 1
+    previous: Attempt | None = None
+    for attempt in attempts:
+        if previous is not None and (
+            attempt.number < previous.number
+            or (
+                attempt.number == previous.number
+                and previous.outcome is not AttemptOutcome.INTERRUPTED
+            )
+        ):
+            run += 1
+        runs.append(run)
+        previous = attempt
+    return runs
 
 
 def _tuple_or_none(value: Any) -> tuple[Any, ...] | None:

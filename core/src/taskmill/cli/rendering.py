@@ -24,7 +24,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from taskmill.model import Attempt, Priority, Progress, ProgressSummary, Task, TaskStatus
+from taskmill.model import (
+    Attempt,
+    Priority,
+    Progress,
+    ProgressSummary,
+    Task,
+    TaskStatus,
+    attempt_runs,
+)
 from taskmill.plugins import BrokenPlugin, PluginInfo
 from taskmill.settable import text
 from taskmill.settings import DEFAULT, HOST_APP, SETTING_NAMES, setting_doc, setting_form
@@ -225,16 +233,22 @@ def _field_text(name: str, value: Any) -> Text:
 
 
 def attempt_log(attempts: Sequence[Attempt]) -> Table:
-    """``taskmill show``: the task's attempts, oldest first."""
+    """``taskmill show``: the task's attempts, oldest first; with a ``run`` column once
+    a manual retry started the numbers again (:func:`~taskmill.model.attempt_runs`)."""
+    runs = attempt_runs(attempts)
+    several = bool(runs) and runs[-1] > 1
     table = _table(title="attempts", title_justify="left")
+    if several:
+        table.add_column("run", justify="right")
     table.add_column("#", justify="right")
     table.add_column("outcome")
     table.add_column("started")
     table.add_column("elapsed", justify="right")
     table.add_column("worker", no_wrap=True)
     table.add_column("error", overflow="fold")
-    for attempt in attempts:
+    for attempt, run in zip(attempts, runs, strict=True):
         table.add_row(
+            *([str(run)] if several else []),
             str(attempt.number),
             attempt.outcome.value,
             when(attempt.started_at),

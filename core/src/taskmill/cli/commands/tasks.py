@@ -10,7 +10,7 @@ from taskmill.cli.messages import EXIT_OK, note, warn
 from taskmill.cli.rendering import attempt_log, console, print_json, task_fields, task_list
 from taskmill.cli.session import find_task, open_taskmill
 from taskmill.errors import TaskmillError
-from taskmill.model import CancelReason, Priority, TaskFilter, TaskStatus
+from taskmill.model import CancelReason, Priority, TaskFilter, TaskStatus, attempt_runs
 from taskmill.operations import handler_hint, unserved_type_message
 from taskmill.registry import HandlerRegistry
 from taskmill.serialization import to_dict
@@ -192,7 +192,10 @@ async def show(args: argparse.Namespace, settings: Settings) -> int:
         print_json(
             {
                 "task": to_dict(task),
-                "attempts": [dict(to_dict(a), elapsed_ms=a.elapsed_ms) for a in attempts],
+                "attempts": [
+                    dict(to_dict(a), elapsed_ms=a.elapsed_ms, run=run)
+                    for a, run in zip(attempts, attempt_runs(attempts), strict=True)
+                ],
                 "children": [to_dict(c) for c in children],
                 "children_total": total,
             }
