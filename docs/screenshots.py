@@ -6,7 +6,13 @@ worker in this process runs it, the service runs on uvicorn, and headless Chromi
 (Debian's package, through Playwright) signs in as an admin and takes:
 
 - docs/images/dashboard-overview.png: the overview;
-- docs/images/dashboard-task.png: a task's detail page (the parent of a batch).
+- docs/images/dashboard-task.png: a task's detail page (the parent of a batch);
+- docs/images/dashboard-charts.png: the charts (every app; the last 15 minutes, as
+  the store is new);
+- docs/images/dashboard-workers.png: the workers page (this process's worker).
+
+The charts and the workers are shot as their sections only (not the whole page), which
+keeps the images small.
 
     uv run python docs/screenshots.py [--out DIR]
 
@@ -27,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from taskmill import Context, Fail, Taskmill, TaskStatus  # noqa: E402
-from taskmill_http import create_app  # noqa: E402
+from taskmill_http import Limits, create_app  # noqa: E402
 from taskmill_http.jobs import ProgressBody, UpsertJobBody  # noqa: E402
 from taskmill_http.service import Service  # noqa: E402
 
@@ -88,7 +94,8 @@ async def take(out: Path) -> list[Path]:
     with tempfile.TemporaryDirectory() as tmp:
         tm = build(f"sqlite:///{Path(tmp) / 'screens.db'}", hold)
         async with tm:
-            app = create_app(tm, {ADMIN: "*"})
+            # Queue depth sampled every second: the charts have a few samples to show.
+            app = create_app(tm, {ADMIN: "*"}, limits=Limits(depth_sample_seconds=1.0))
             service: Service = app.state.service
             async with serve(app) as base, chromium() as browser:
                 album = await workload(tm)
@@ -118,6 +125,19 @@ async def take(out: Path) -> list[Path]:
                 await page.wait_for_selector("body[data-live=open]")
                 taken.append(out / "dashboard-task.png")
                 await page.screenshot(path=str(taken[-1]), full_page=True)
+
+                def sampled() -> bool:
+                    return len(service.metrics.timeline(None, 1).queue_depth) >= 4
+
+                await wait_for(sampled, timeout=30)
+                await page.goto(f"{base}/ui/charts?minutes=15")  # all of it is new
+                await page.wait_for_selector("#chart-throughput")
+                taken.append(out / "dashboard-charts.png")
+                await page.locator("#charts").screenshot(path=str(taken[-1]))
+                await page.goto(f"{base}/ui/workers")
+                await page.wait_for_selector("#workers-table")
+                taken.append(out / "dashboard-workers.png")
+                await page.locator("#workers").screenshot(path=str(taken[-1]))
                 await context.close()
                 hold.set()
                 await worker.stop()

@@ -349,6 +349,8 @@ async def isolation_probes(http: httpx.AsyncClient, foreign: str) -> dict[tuple[
         ("DELETE", "/v1/handlers/{task_type}"): ({"app_id": "music"}, {422}),
         ("POST", "/v1/tasks/{task_id}/progress"): ({"lease": "1:w", "done": 1}, {404}),
         ("POST", "/v1/tasks/{task_id}/status"): ({"lease": "1:w", "status": "failed"}, {404}),
+        ("GET", "/v1/workers"): (None, {200}),
+        ("GET", "/v1/metrics/timeline"): ({"app_id": "music"}, {403}),
     }
 
 

@@ -57,6 +57,7 @@ from taskmill.validation import (
     USER_ID_MAX,
     WORKER_ID_MAX,
 )
+from taskmill.workers import WorkerHandler
 
 __all__ = [
     "BodyError",
@@ -642,6 +643,44 @@ class Published:
     """Where an in-memory event went in the stream (its SSE ``id``)."""
 
     position: str
+
+
+@attrs.frozen
+class WorkerInfo:
+    """A worker registered in the store, as ``taskmill workers --json`` shows it; for an
+    app token, only its app's and the host's handlers, and its app's running tasks."""
+
+    id: str
+    alive: bool
+    """Its last heartbeat is younger than its lease (a dead one is listed until pruned)."""
+    host: str
+    pid: int
+    version: str
+    started_at: datetime
+    heartbeat_at: datetime
+    heartbeat_age_seconds: float
+    lease_seconds: float
+    concurrency: int
+    """Its slots (shared by every app it serves)."""
+    busy: int
+    """Slots running a task now."""
+    queued: int
+    """Tasks claimed into its local queue, not started."""
+    processed: int
+    handlers: list[WorkerHandler]
+    running: list[str]
+    """The ids of the running tasks the token may see (at most 20)."""
+    running_not_shown: int
+    """Running tasks not listed (beyond 20; for an app token, its own app's only)."""
+
+
+@attrs.frozen
+class WorkerList:
+    """``GET /v1/workers``: the workers the token may see, live ones first."""
+
+    registry: bool
+    """The store keeps a worker registry (false: ``workers`` is empty, they still run)."""
+    workers: list[WorkerInfo]
 
 
 @attrs.frozen

@@ -26,6 +26,7 @@ from taskmill_http.coalescing import CreateCoalescer
 from taskmill_http.errors import ServiceError
 from taskmill_http.events import EventHub
 from taskmill_http.jobs import ExternalJobs
+from taskmill_http.metrics import MetricsCollector
 from taskmill_http.stored import stored_handlers
 from taskmill_http.tokens import Caller, Tokens
 
@@ -50,6 +51,9 @@ class Limits:
     """External jobs one service process holds at most."""
     detached_lease_seconds: float = 30.0
     """Each report of a detached owner extends its lease to now + this."""
+    depth_sample_seconds: float = 10.0
+    """How often the metrics collector samples the queue depth (the store's summary
+    counts: one for the whole store, one per sampled app; docs/service.md, "Metrics")."""
 
 
 class Service:
@@ -74,6 +78,11 @@ class Service:
         self._handlers_started = False
         self.hub = EventHub(tm, queue_size=limits.subscriber_queue)
         """Fans the store's events (and in-memory ones) out to the event streams."""
+        self.metrics = MetricsCollector(
+            tm, self.hub, tokens, depth_sample_seconds=limits.depth_sample_seconds
+        )
+        """Counts the last hour per minute and app from the hub's events, and samples the
+        queue depth (``GET /v1/metrics/timeline``, the dashboard's charts)."""
         self.jobs = ExternalJobs(ttl=limits.external_job_ttl, max_jobs=limits.max_external_jobs)
         """The external jobs reported to this process."""
         self.handlers = stored_handlers(tm, hosts=handler_hosts)
@@ -112,14 +121,17 @@ class Service:
         return self.tm.for_app(caller.app_id)
 
     async def start(self) -> None:
-        """Start keeping the stored handlers registered (the app's startup does it)."""
+        """Start keeping the stored handlers registered, and the metrics collector (the
+        app's startup does it)."""
         if self.tm.storage.capabilities.handler_registrations:
             await self.handlers.start()
             self._handlers_started = True
+        await self.metrics.start()
 
     async def close(self) -> None:
         """Stop what the service runs in the background and end the event streams."""
         await self.creates.close()
+        await self.metrics.close()
         await self.hub.close()
         if self._handlers_started:
             self._handlers_started = False

@@ -34,11 +34,15 @@ from taskmill_http.bodies import (
     SuspendResult,
     TaskPage,
     TaskSpecBody,
+    WorkerInfo,
+    WorkerList,
 )
 from taskmill_http.calls import Call
+from taskmill_http.dashboard.workers import has_registry, worker_rows
 from taskmill_http.errors import ServiceError
 from taskmill_http.events import APP_ENTITY, EXTERNAL_JOB_UPDATE
 from taskmill_http.jobs import CompleteJobBody, ExternalJob, ProgressBody, UpsertJobBody
+from taskmill_http.metrics import WINDOW_MINUTES, Timeline
 from taskmill_http.tokens import Caller
 
 # -- tasks -----------------------------------------------------------------------------
@@ -329,3 +333,48 @@ async def delete_handler(call: Call) -> Deleted:
         raise ServiceError(404, "not_found", f"no handler registered for {task_type!r}")
     await call.service.handlers.refresh()
     return Deleted(deleted=True)
+
+
+# -- workers and metrics -----------------------------------------------------------------
+
+
+async def list_workers(call: Call) -> WorkerList:
+    """The registered workers the token may see, as the dashboard's workers page lists
+    them (an app token: those serving its app, its handlers and running tasks only)."""
+    tm = call.service.tm
+    if not has_registry(tm):
+        return WorkerList(registry=False, workers=[])
+    rows = await worker_rows(tm, call.ops, call.caller)
+    workers = []
+    for row in rows:
+        record = row.status.record
+        workers.append(
+            WorkerInfo(
+                id=record.id,
+                alive=row.status.alive,
+                host=record.host,
+                pid=record.pid,
+                version=record.version,
+                started_at=record.started_at,
+                heartbeat_at=row.status.heartbeat_at,
+                heartbeat_age_seconds=round(row.heartbeat_age, 3),
+                lease_seconds=record.lease_seconds,
+                concurrency=record.concurrency,
+                busy=record.busy,
+                queued=record.queued,
+                processed=record.processed,
+                handlers=list(row.handlers),
+                running=[t.id for t in row.tasks],
+                running_not_shown=row.more_tasks,
+            )
+        )
+    return WorkerList(registry=True, workers=workers)
+
+
+async def metrics_timeline(call: Call) -> Timeline:
+    """The last hour (or ``minutes``) of the service's metrics, of the token's app."""
+    app_id = rq.query_one(call.request, "app_id")
+    rq.ensure_own_app(call.caller.app_id, app_id)
+    minutes = rq.query_int(call.request, "minutes", WINDOW_MINUTES, 1, WINDOW_MINUTES)
+    await call.service.metrics.start()  # running since startup, unless mounted without it
+    return call.service.metrics.timeline(app_id or call.caller.app_id, minutes)

@@ -19,6 +19,10 @@ Each subscriber has a bounded queue. The hub never waits for a subscriber: when 
 queue is full it is dropped, and the stream tells it ``event: overflow`` with the
 position to resume from before closing, so a stalled client costs a bounded amount of
 memory and holds up nobody.
+
+Besides the streams, the hub feeds its *taps* (:meth:`EventHub.tap`): callbacks in this
+process that see every task event the hub reads, such as the service's metrics
+collector (:mod:`taskmill_http.metrics`), so they need no reader of their own.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import attrs
@@ -148,6 +152,7 @@ class EventHub:
         self._cursor: str | None = None
         self._reader: asyncio.Task[None] | None = None
         self._started = asyncio.Lock()
+        self._taps: list[Callable[[list[TaskEvent]], None]] = []
 
     @property
     def subscribers(self) -> int:
@@ -159,6 +164,20 @@ class EventHub:
         """Where a stream that starts now starts (after :meth:`start`)."""
         assert self._cursor is not None
         return Position(self._cursor, self._local_seq)
+
+    def tap(self, callback: Callable[[list[TaskEvent]], None]) -> Callable[[], None]:
+        """Call ``callback`` with every batch of task events the hub reads (from where
+        it started reading: tap it before :meth:`start` to see every event from there),
+        in commit order, whatever the streams. It runs in the hub's reader and must not
+        block; an exception it raises is logged and the hub goes on. Returns the
+        function that removes the tap."""
+        self._taps.append(callback)
+
+        def remove() -> None:
+            with contextlib.suppress(ValueError):
+                self._taps.remove(callback)
+
+        return remove
 
     async def start(self) -> None:
         """Find the log's current cursor and start reading it (once)."""
@@ -257,6 +276,12 @@ class EventHub:
                 await listener.close()
 
     def _fan_out(self, batch: list[TaskEvent]) -> None:
+        for tap in list(self._taps):
+            if batch:
+                try:
+                    tap(batch)
+                except Exception:
+                    log.exception("an event tap failed")
         for event in batch:
             position = Position(event.cursor, self._local_seq)
             frame: str | None = None

@@ -4,7 +4,8 @@ OpenAPI document are built (so the document cannot drift from what is served).
 The tables follow SPEC section 10 in the order of the OpenAPI document: the task
 operations (:data:`TASK_ENDPOINTS`), the handlers registered in the store and the
 reports of detached owners (:data:`HANDLER_ENDPOINTS`), the event stream and external
-jobs (:data:`EVENT_ENDPOINTS`).
+jobs (:data:`EVENT_ENDPOINTS`), then what the service observes: the workers and the
+metrics of the last hour (:data:`OBSERVE_ENDPOINTS`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from taskmill_http.bodies import (
     SuspendResult,
     TaskPage,
     TaskSpecBody,
+    WorkerList,
     anchored,
 )
 from taskmill_http.calls import Endpoint as Endpoint  # re-exported: their old home
@@ -58,6 +60,8 @@ from taskmill_http.endpoints import (
     list_handlers,
     list_jobs,
     list_tasks,
+    list_workers,
+    metrics_timeline,
     preempt,
     publish_app_event,
     put_handler,
@@ -70,6 +74,7 @@ from taskmill_http.endpoints import (
     upsert_job,
 )
 from taskmill_http.jobs import CompleteJobBody, ExternalJob, ProgressBody, UpsertJobBody
+from taskmill_http.metrics import WINDOW_MINUTES, Timeline
 from taskmill_http.reports import report_progress, report_status
 
 
@@ -414,5 +419,51 @@ EVENT_ENDPOINTS: tuple[Endpoint, ...] = (
     ),
 )
 
-ENDPOINTS: tuple[Endpoint, ...] = (*TASK_ENDPOINTS, *HANDLER_ENDPOINTS, *EVENT_ENDPOINTS)
+OBSERVE_ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint(
+        "GET",
+        "/v1/workers",
+        list_workers,
+        "The workers registered in the store, live ones first (an app token sees those "
+        "serving its app)",
+        WorkerList,
+        description="What `taskmill workers --json` and the dashboard's workers page show. "
+        "An app token sees the workers with a handler of its app, or a host handler other "
+        "than taskmill.group; of each, its app's and the host's handlers, and its app's "
+        "running tasks. On a store without a worker registry: registry false, no workers.",
+    ),
+    Endpoint(
+        "GET",
+        "/v1/metrics/timeline",
+        metrics_timeline,
+        "Throughput per status, queue depth and start latency per minute, last hour",
+        Timeline,
+        params=(
+            Param(
+                "app_id",
+                _name("app_id"),
+                "only this app (an app token: its own, the default; an admin token: "
+                "every app without it)",
+            ),
+            Param(
+                "minutes",
+                {"type": "integer", "minimum": 1},
+                f"how many minutes, the current one last (default and most: "
+                f"{WINDOW_MINUTES}; a larger number is taken as {WINDOW_MINUTES})",
+            ),
+        ),
+        errors=(403,),
+        description="Counted in memory by this service process from the store's event "
+        "log since it started (the hour before backfilled from the stored tasks, "
+        "capped); the queue depth is sampled from the store's counts. See "
+        "docs/service.md, Metrics.",
+    ),
+)
+
+ENDPOINTS: tuple[Endpoint, ...] = (
+    *TASK_ENDPOINTS,
+    *HANDLER_ENDPOINTS,
+    *EVENT_ENDPOINTS,
+    *OBSERVE_ENDPOINTS,
+)
 """Every endpoint the service serves but its OpenAPI document."""

@@ -123,6 +123,12 @@ class Tokens:
         except ValueError:
             return None
 
+    @property
+    def apps(self) -> list[str]:
+        """The apps that have a token, by name (the apps whose charts someone may read:
+        the metrics collector samples their queue depth)."""
+        return sorted({c.app_id for c in self._callers.values() if c.app_id is not None})
+
     def __len__(self) -> int:
         return len(self._callers)
 

@@ -39,16 +39,17 @@ from taskmill.model import Task, TaskFilter, TaskStatus
 from taskmill_http import requests as rq
 from taskmill_http.calls import Service
 from taskmill_http.dashboard import bulk
+from taskmill_http.dashboard.charts import charts
 from taskmill_http.dashboard.listing import HOST_APP, ListQuery, list_page
 from taskmill_http.dashboard.overview import (
     MAX_APPS,
     SPLIT_APPS,
-    ThroughputMeter,
     app_choices,
     overview,
 )
 from taskmill_http.dashboard.workers import has_registry, unserved_keys, worker_rows
 from taskmill_http.errors import ServiceError, status_of
+from taskmill_http.metrics import WINDOW_MINUTES
 from taskmill_http.tokens import Caller
 
 SESSION_COOKIE = "taskmill_ui"
@@ -71,6 +72,8 @@ _SECURITY_HEADERS = (
 _HERE = Path(__file__).parent
 WORKERS_REFRESH_SECONDS = 3
 """How often the workers page reloads its table in place (heartbeats are no events)."""
+CHARTS_REFRESH_SECONDS = 5
+"""How often the charts page redraws its charts in place."""
 _ERROR_EXCERPT_LINES = 12
 
 
@@ -138,16 +141,14 @@ class Dashboard:
     def __init__(self, service: Service) -> None:
         self.service = service
         self.templates = _environment()
-        self.meter = ThroughputMeter(service.tm)
 
     async def start(self) -> None:
-        """Start what the dashboard runs in the background: its throughput meter (the
-        app's startup does it, so the overview counts from when the service started)."""
-        await self.meter.start()
+        """Start what the dashboard reads in the background: the service's metrics
+        collector (the service's startup does it; starting it twice is harmless)."""
+        await self.service.metrics.start()
 
     async def close(self) -> None:
-        """Stop what the dashboard runs in the background (its throughput meter)."""
-        await self.meter.close()
+        """Nothing of its own to stop: the service stops its metrics collector."""
 
     # -- who is asking ------------------------------------------------------------
 
@@ -274,9 +275,9 @@ class Dashboard:
 
     async def overview_page(self, request: Request, caller: Caller) -> Response:
         """``GET /``: counts, throughput, suspensions, the newest external jobs."""
-        await self.meter.start()  # already running, unless mounted without its startup
+        await self.start()  # already running, unless mounted without its startup
         ops = self.service.operations(caller)
-        found = await overview(self.service.tm, ops, caller, self.meter)
+        found = await overview(self.service.tm, ops, caller, self.service.metrics)
         jobs = self.service.jobs.list(caller.app_id, every_app=caller.is_admin)[:10]
         return self.render(
             request,
@@ -371,6 +372,34 @@ class Dashboard:
             workers=rows,
             refresh=WORKERS_REFRESH_SECONDS,
             events_url=self.events_url(request, TaskFilter(app_id=caller.app_id)),
+        )
+
+    async def charts_page(self, request: Request, caller: Caller) -> Response:
+        """``GET /charts``: throughput, queue depth and latency of the last hour (or
+        ``minutes``), as SVG drawn here, redrawn in place every
+        :data:`CHARTS_REFRESH_SECONDS`; an admin picks an app (or every app), an app
+        token sees its own."""
+        await self.start()  # already running, unless mounted without its startup
+        app_id = request.query_params.get("app_id", "").strip() or None
+        rq.check_identifier("app_id", app_id)
+        rq.ensure_own_app(caller.app_id, app_id)
+        ops = self.service.operations(caller)
+        choices = await app_choices(self.service.tm, ops, caller)
+        minutes = rq.query_int(request, "minutes", WINDOW_MINUTES, 1, WINDOW_MINUTES)
+        timeline = self.service.metrics.timeline(app_id or caller.app_id, minutes)
+        return self.render(
+            request,
+            "charts.html",
+            caller,
+            nav="charts",
+            app_id=app_id,
+            apps=choices,
+            max_apps=MAX_APPS,
+            timeline=timeline,
+            charts=charts(timeline),
+            minutes=minutes,
+            window=WINDOW_MINUTES,
+            refresh=CHARTS_REFRESH_SECONDS,
         )
 
     async def jobs_page(self, request: Request, caller: Caller) -> Response:
@@ -650,6 +679,7 @@ class Dashboard:
             ),
             Route("/jobs", self.page(self.jobs_page)),
             Route("/workers", self.page(self.workers_page)),
+            Route("/charts", self.page(self.charts_page)),
             Route("/events", self.events),
             Mount("/static", StaticFiles(directory=_HERE / "static")),
         ]

@@ -3,34 +3,24 @@ the throughput of the last minutes.
 
 The store counts (one summary per app and per task type, each computed by the store);
 which apps and types there are comes from the handlers this process knows, the handlers
-registered in the store, the suspensions and the newest tasks. Throughput is counted
-from the store's event log by a :class:`ThroughputMeter` that the service runs from its
-startup: it sees the tasks every process finishes, from the moment it started watching.
+registered in the store, the suspensions and the newest tasks. Throughput is the
+service's metrics collector's (:mod:`taskmill_http.metrics`): counted from the store's
+event log, every process's tasks, since the service started (and the hour before,
+backfilled from the stored tasks).
 """
 
 from __future__ import annotations
 
-import asyncio
-import collections
-import contextlib
 import logging
-import time
-from collections.abc import AsyncIterator
 
 import attrs
 from taskmill.app import Taskmill
-from taskmill.model import (
-    EventKind,
-    ProgressSummary,
-    SuspensionScope,
-    TaskEvent,
-    TaskFilter,
-    TaskStatus,
-)
+from taskmill.model import ProgressSummary, SuspensionScope, TaskFilter, TaskStatus
 from taskmill.operations import TaskOperations
 from taskmill.workers import WorkerStatus, unserved
 
 from taskmill_http.dashboard.workers import has_registry, pending_keys_of
+from taskmill_http.metrics import MetricsCollector
 from taskmill_http.tokens import Caller
 
 log = logging.getLogger("taskmill.http.dashboard")
@@ -43,8 +33,6 @@ MAX_APPS = 100
 """The most apps the app picker lists and the overview counts (the first, by name)."""
 SPLIT_APPS = 20
 """The most apps the "by task type" table is split by (beyond: totals per type only)."""
-
-_FINISHED = (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED)
 
 
 @attrs.frozen
@@ -94,76 +82,7 @@ class Overview:
     suspensions: list[SuspensionScope]
     throughput: list[Minute]
     watching_since: float | None
-    """When the throughput meter started (Unix seconds), or None."""
-
-
-class ThroughputMeter:
-    """Counts finished tasks per minute and app from the store's event log (every
-    process's), for the last :data:`THROUGHPUT_MINUTES` minutes. :meth:`start` starts
-    it; :meth:`close` stops it."""
-
-    def __init__(self, tm: Taskmill) -> None:
-        self.tm = tm
-        self.started_at: float | None = None
-        self._counts: collections.OrderedDict[tuple[int, str | None], collections.Counter[str]]
-        self._counts = collections.OrderedDict()
-        self._reader: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        """Start watching the event log (once)."""
-        if self._reader is not None:
-            return
-        try:
-            events = await self.tm.subscribe(TaskFilter(statuses=_FINISHED), poll_interval=0.5)
-        except Exception:  # the dashboard works without throughput figures
-            log.exception("the throughput meter cannot read the event log")
-            return
-        self.started_at = time.time()
-        self._reader = asyncio.create_task(self._count(events), name="taskmill-ui-throughput")
-
-    async def close(self) -> None:
-        """Stop watching."""
-        reader, self._reader = self._reader, None
-        if reader is not None:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
-
-    async def _count(self, events: AsyncIterator[TaskEvent]) -> None:
-        finished = {EventKind.COMPLETED, EventKind.FAILED, EventKind.CANCELLED}
-        try:
-            async for event in events:
-                if event.kind not in finished:
-                    continue
-                minute = int(event.at.timestamp() // 60)
-                key = (minute, event.task.app_id)
-                self._counts.setdefault(key, collections.Counter())[event.status.value] += 1
-                horizon = minute - THROUGHPUT_MINUTES
-                while self._counts and next(iter(self._counts))[0] < horizon:
-                    self._counts.popitem(last=False)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("the throughput meter stopped reading the event log")
-
-    def minutes(self, caller: Caller) -> list[Minute]:
-        """The last minutes, oldest first, counting only what ``caller`` may see."""
-        now = int(time.time() // 60)
-        rows = []
-        for minute in range(now - THROUGHPUT_MINUTES + 1, now + 1):
-            counter: collections.Counter[str] = collections.Counter()
-            for (at, app_id), found in self._counts.items():
-                if at == minute and (caller.app_id is None or app_id == caller.app_id):
-                    counter.update(found)
-            rows.append(
-                Minute(
-                    started=minute * 60.0,
-                    completed=counter["completed"],
-                    failed=counter["failed"],
-                    cancelled=counter["cancelled"],
-                )
-            )
-        return rows
+    """When the metrics collector started counting live (Unix seconds), or None."""
 
 
 async def _in_use(
@@ -239,8 +158,23 @@ async def _flagged(ops: TaskOperations, row: Count, workers: list[WorkerStatus] 
     return attrs.evolve(row, unserved=apps, served_too=len(missing) < len(keys))
 
 
+def throughput(metrics: MetricsCollector, caller: Caller) -> list[Minute]:
+    """The last :data:`THROUGHPUT_MINUTES` minutes of finished tasks, oldest first,
+    counting only what ``caller`` may see."""
+    timeline = metrics.timeline(caller.app_id, THROUGHPUT_MINUTES)
+    return [
+        Minute(
+            started=b.start.timestamp(),
+            completed=b.completed,
+            failed=b.failed,
+            cancelled=b.cancelled,
+        )
+        for b in timeline.buckets
+    ]
+
+
 async def overview(
-    tm: Taskmill, ops: TaskOperations, caller: Caller, meter: ThroughputMeter
+    tm: Taskmill, ops: TaskOperations, caller: Caller, metrics: MetricsCollector
 ) -> Overview:
     """The overview as ``caller`` (through ``ops``, its scoped operations) may see it."""
     suspensions = await ops.suspensions()
@@ -280,6 +214,6 @@ async def overview(
         type_apps=type_apps,
         apps_capped=caller.app_id is None and len(apps_in_use) > MAX_APPS,
         suspensions=suspensions,
-        throughput=meter.minutes(caller),
-        watching_since=meter.started_at,
+        throughput=throughput(metrics, caller),
+        watching_since=metrics.started_at,
     )

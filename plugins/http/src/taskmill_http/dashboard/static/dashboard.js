@@ -14,6 +14,18 @@
         el.title = el.dateTime;
       }
     }
+    // A chart's time labels (SVG text, drawn in UTC on the server): the local clock.
+    let local = false;
+    for (const el of root.querySelectorAll("svg text[data-time]")) {
+      const when = new Date(el.dataset.time);
+      if (!Number.isNaN(when.getTime())) {
+        el.textContent = when.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+        local = true;
+      }
+    }
+    if (local) {
+      for (const el of root.querySelectorAll("svg text[data-zone]")) el.textContent = "local time";
+    }
   };
   localTimes(document);
 
