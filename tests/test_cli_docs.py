@@ -1,7 +1,7 @@
 """The docs say what the code does: docs/cli.md documents every option of every
 command, the exit statuses in README.md and docs/cli.md are the ones the command
-returns (tested in test_cli.py), and docs/backends.md states the SQLite schema that a
-fresh database gets."""
+returns (tested in test_cli.py), and docs/backends/sqlite.md states the SQLite schema
+that a fresh database gets."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from taskmill.cli import build_parser
 ROOT = Path(__file__).resolve().parents[1]
 CLI_DOCS = (ROOT / "docs" / "cli.md").read_text()
 README = (ROOT / "README.md").read_text()
-BACKENDS = (ROOT / "docs" / "backends.md").read_text()
+SQLITE_DOCS = (ROOT / "docs" / "backends" / "sqlite.md").read_text()
 GLOBAL = {"--url", "--config", "--log-level", "--log-format", "-h", "--help"}
 
 
@@ -63,7 +63,7 @@ def test_the_documented_exit_statuses_are_the_commands(text: str) -> None:
 
 
 def test_backends_md_states_the_sqlite_schema_a_fresh_database_gets(tmp_path: Path) -> None:
-    sqlite_section = BACKENDS.split("## `sqlite:///`", 1)[1].split("\n## ", 1)[0]
+    sqlite_section = SQLITE_DOCS
     (stated,) = re.findall(r"The current version is (\d+)", sqlite_section)
     assert int(stated) == latest_version()
 
@@ -80,6 +80,6 @@ def test_backends_md_states_the_sqlite_schema_a_fresh_database_gets(tmp_path: Pa
             for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
             if not row[0].startswith("sqlite_")
         }
-    schema_lines = sqlite_section.split("### Schema and migrations", 1)[1].split("- `open()`", 1)[0]
+    schema_lines = sqlite_section.split("## Schema and migrations", 1)[1].split("- `open()`", 1)[0]
     named = set(re.findall(r"`([a-z_]\w*)`", schema_lines)) - {"schema_version"}
     assert named == tables

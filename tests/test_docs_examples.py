@@ -1,5 +1,5 @@
-"""Every Python example in README.md and docs/*.md runs, or at least compiles (the way
-pytest and datasette test their docs).
+"""Every Python example in README.md, docs/*.md and docs/backends/*.md runs, or at least
+compiles (the way pytest and datasette test their docs).
 
 A ```python block is one of three kinds:
 
@@ -39,7 +39,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "docs" / "backends").glob("*.md")),
+]
 TIMEOUT = 120.0
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^`\n]*)$")

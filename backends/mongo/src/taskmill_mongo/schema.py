@@ -53,7 +53,7 @@ SCHEMA_VERSION: Final = 5
 
 3. The event shards (:data:`SHARDS`): events numbered by one of 16 counters, keyed by
    a stamp, a shard and a position (:class:`~taskmill_mongo.documents.EventKey`), so that
-   no single document serializes every writer (docs/backends.md). No rewrite either: an
+   no single document serializes every writer (docs/backends/mongodb.md). No rewrite either: an
    event written before keeps its integer ``_id`` (its position in the ``events``
    counter, now shard 0) and is read before every later event; ``migrate`` creates the
    shard documents. The version makes a process of an older release refuse the database

@@ -27,8 +27,8 @@ reader (:func:`read_log`) reads every shard's newest key; before it reads up to 
 newest of them, it writes every other shard document once, which waits for a
 transaction holding one to end and makes any that started earlier and has not taken
 its positions yet conflict and run again, with a later stamp. So no event commits
-later with a key below what a reader has read. See docs/backends.md, MongoDB, "Event
-cursors".
+later with a key below what a reader has read. See docs/backends/mongodb.md, "Event
+cursors in commit order".
 
 With ``serialize_writes`` (the test stand-in, which reports no cluster time and does not
 isolate concurrent transactions) every transaction and every read runs under the

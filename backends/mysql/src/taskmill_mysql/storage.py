@@ -1,7 +1,7 @@
 """``mysql://`` (``mariadb://``) — task storage in a MySQL 8+ or MariaDB 10.6+
 database, shared by any number of worker processes on any number of machines.
 
-Design (docs/backends.md, "MySQL / MariaDB", has the reasoning and the plans):
+Design (docs/backends/mysql.md has the reasoning and the plans):
 
 - An aiomysql pool per storage object (:mod:`taskmill_mysql.connection`); each write is
   one short ``READ COMMITTED`` transaction, retried after a deadlock or lock wait

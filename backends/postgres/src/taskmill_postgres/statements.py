@@ -237,7 +237,7 @@ The batch travels as JSON arrays, one per column ($4: the params objects themsel
 read side by side (a column sent as NULL reads as NULLs). asyncpg would encode Python
 lists as PostgreSQL arrays element by element, checking each element for being a
 nested array: that cost more client time than the rest of the call's transport
-(docs/backends.md, PostgreSQL)."""
+(docs/backends/postgresql.md, "Bulk enqueue")."""
 
 
 def _enqueue_statement(s: str, *, keyed: bool) -> str:

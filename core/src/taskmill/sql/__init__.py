@@ -10,5 +10,5 @@
 - :mod:`taskmill.cursors`: event-log positions written as the opaque, ordered cursor
   tokens of the storage contract (the memory store uses it too).
 
-See docs/backends.md ("Writing a SQL backend") for how a backend uses them.
+See docs/backends/toolkit.md ("The SQL toolkit") for how a backend uses them.
 """

@@ -22,7 +22,7 @@
 --
 -- PostgreSQL rebuilds the indexes on these columns, holding an ACCESS EXCLUSIVE lock
 -- on `tasks` for as long as that takes: on a table of millions of tasks, migrate at a
--- quiet time (docs/backends.md, "Migrations").
+-- quiet time (docs/backends/postgresql.md, "Migrations").
 
 ALTER TABLE tasks
     ALTER COLUMN id TYPE text COLLATE "C",
