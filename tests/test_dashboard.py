@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from playwright.async_api import Browser, Page
-from taskmill import TaskFilter, Taskmill, TaskStatus
+from taskmill import Retry, TaskFilter, Taskmill, TaskStatus
 from taskmill_http import create_app
 from taskmill_http.dashboard import CONTENT_SECURITY_POLICY, SESSION_COOKIE
 
@@ -235,6 +235,40 @@ async def test_cancel_and_retry_from_the_page_change_the_stored_task(
     await page.wait_for_selector(".flash")
     assert (await taskmill.get(parent.id)).status is TaskStatus.PENDING  # type: ignore[union-attr]
     assert await page.locator(".state [data-status]").inner_text() == "pending"
+
+
+async def test_a_manual_retry_shows_as_a_new_run_of_attempts(
+    taskmill: Taskmill, base_url: str, page: Page
+):
+    async def failing(ctx: Any, params: dict[str, Any]) -> None:
+        raise Retry(0, "still broken")  # no backoff: the worker runs until idle
+
+    tm = taskmill.for_app("photos")
+    taskmill.register("flaky", failing, app_id="photos", max_retries=1)
+    task = await tm.enqueue("flaky")
+
+    async def failed() -> bool:
+        stored = await tm.get(task.id)
+        return stored is not None and stored.status is TaskStatus.FAILED
+
+    async def drain_until_failed() -> None:
+        await taskmill.run_worker(until_idle=True, handle_signals=False)
+        await wait_for(failed)
+
+    await drain_until_failed()
+    await sign_in(page, base_url, "tok-photos", f"/ui/tasks/{task.id}")
+    assert await page.locator("#attempts .run-start").count() == 0  # one run: no runs shown
+    await page.click("form[action$='/retry'] button")
+    await page.wait_for_selector(".flash")
+    await drain_until_failed()
+    await page.reload()
+    runs = await page.eval_on_selector_all(
+        "#attempts li[data-run]:not(.run-start)",
+        "items => items.map(i => [i.dataset.run, i.textContent.includes('attempt 1 ')])",
+    )
+    assert runs == [["1", True], ["1", False], ["2", True], ["2", False]]
+    starts = await page.locator("#attempts .run-start").all_inner_texts()
+    assert len(starts) == 2 and starts[1].startswith("Run 2: retried by hand")
 
 
 async def test_suspend_resume_and_preempt_from_the_overview(

@@ -34,7 +34,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from taskmill.errors import InvalidCursor, TaskmillError
-from taskmill.model import Task, TaskFilter, TaskStatus
+from taskmill.model import Task, TaskFilter, TaskStatus, attempt_runs
 
 from taskmill_http import requests as rq
 from taskmill_http.calls import Service
@@ -344,13 +344,16 @@ class Dashboard:
                 app_id=task.app_id, task_types=(task.task_type,), dedupe_key=task.dedupe_key
             )
             aliases = [t for t in await ops.query(same_key, limit=200) if t.alias_of == task.id]
+        attempts = await ops.attempts(task.id)
+        runs = attempt_runs(attempts)
         return self.render(
             request,
             "task.html",
             caller,
             nav="tasks",
             task=task,
-            attempts=await ops.attempts(task.id),
+            attempts=list(zip(attempts, runs, strict=True)),
+            runs=runs[-1] if runs else 0,
             children=children,
             aliases=aliases,
             events_url=self.events_url(request, TaskFilter(app_id=caller.app_id)),
