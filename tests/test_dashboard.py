@@ -276,8 +276,15 @@ async def test_suspend_resume_and_preempt_from_the_overview(
 ):
     photos = taskmill.for_app("photos")
     doomed = await photos.enqueue("render", dedupe_key="frame-1")
+    await taskmill.for_app("music").enqueue("mix")
     await sign_in(page, base_url, "tok-photos")
 
+    # The type fields pick from the types the overview counts (the app's own only).
+    options = "els => els.map(e => e.value)"
+    assert await page.eval_on_selector_all("#known-types option", options) == ["render"]
+    assert await page.get_attribute("#suspend-type", "list") == "known-types"
+    assert await page.get_attribute("#preempt-type", "list") == "known-types"
+    assert await page.locator("#known-apps").count() == 0  # an app token picks no app
     await page.fill("#suspend-type", "render")
     await page.click("form[action$='/suspend'] button")
     await page.click("form.confirm button[type=submit]")
@@ -293,6 +300,13 @@ async def test_suspend_resume_and_preempt_from_the_overview(
     await page.click("form.confirm button[type=submit]")
     await page.wait_for_selector(".flash")
     assert (await taskmill.get(doomed.id)).status is TaskStatus.CANCELLED  # type: ignore[union-attr]
+
+    admin = await (await page.context.browser.new_context()).new_page()  # type: ignore[union-attr]
+    await sign_in(admin, base_url, "tok-admin")
+    assert await admin.eval_on_selector_all("#known-apps option", options) == ["music", "photos"]
+    assert await admin.eval_on_selector_all("#known-types option", options) == ["mix", "render"]
+    assert await admin.get_attribute("#suspend-app", "list") == "known-apps"
+    await admin.context.close()
 
 
 async def test_an_app_token_never_shows_another_apps_tasks_or_counts(
