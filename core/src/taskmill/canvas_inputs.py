@@ -16,6 +16,15 @@ into the params its handler gets.
   its creator was still storing the rest), and the records are stored now, in order,
   under their own ids (a task already stored is not stored twice).
 
+- **Errback.** ``{"errback": {"of": root, "into": key}}`` (a canvas's ``link_error``,
+  released once the root has ended, however it ended): when the canvas failed (the
+  root FAILED, or was CANCELLED by a dependency because a task of the canvas FAILED),
+  the failure (the task that failed first, its error, the root) is passed under
+  ``key``; otherwise the errback ends CANCELLED without its handler being called
+  (:class:`~taskmill.errors.Cancelled`).
+- **A description enqueued as a task** (``{"description": ...}``: a ``chain(...)``,
+  ``group(...)`` or ``chord(...)`` given to ``enqueue_many``) fails, saying so.
+
 An input that cannot be passed (its task did not complete, or is no longer stored)
 fails the task at once (``Fail``): retrying would read the same.
 """
@@ -26,18 +35,26 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Final
 
-from taskmill.canvas import CANVAS_KEY, member_id, task_of_record
-from taskmill.errors import Fail
-from taskmill.model import JSON, Task, TaskFilter, TaskStatus
+from taskmill.canvas import CANVAS_KEY, GROUP_TYPE, member_id, task_of_record
+from taskmill.errors import Cancelled, Fail
+from taskmill.model import JSON, CancelReason, Task, TaskFilter, TaskStatus
 from taskmill.storage import TaskStorage
 
 __all__ = ["member_params"]
 
 log = logging.getLogger("taskmill.worker")
 
+
+class ErrbackSkipped(Cancelled):
+    """An errback's canvas did not fail: the errback ends CANCELLED (reason
+    PREEMPTED: nobody cancelled it, its canvas made it moot) without its handler."""
+
+
 _PAGE: Final = 500
 _NAMED: Final = 3
 """At most this many tasks that did not complete are named in an error."""
+_SEARCHES: Final = 64
+"""At most this many queries look for the task that failed a canvas (an errback's)."""
 
 
 async def member_params(
@@ -52,6 +69,7 @@ async def member_params(
         only: a task with an input fails.
     :raises Fail: the input cannot be passed (see the module's docstring), or the
         reserved key is malformed.
+    :raises Cancelled: ``task`` is an errback and its canvas did not fail.
     :raises TaskmillError: the store failed (the attempt is retried as for any error).
     """
     marker = task.params.get(CANVAS_KEY)
@@ -63,6 +81,27 @@ async def member_params(
         if not isinstance(rest, list):
             raise _malformed(marker)
         await _complete(storage, task, marker.get("root"), rest)
+    if "description" in marker:
+        raise Fail(
+            "this task is a chain, group or chord described with taskmill.canvas and "
+            "enqueued as one task: store it with tm.chain(...), tm.group(...), "
+            "tm.chord(...) or await description.apply(tm) (docs/canvas.md)"
+        )
+    errback = marker.get("errback")
+    if errback is not None:
+        if not isinstance(errback, dict):
+            raise _malformed(marker)
+        root, into = errback.get("of"), errback.get("into")
+        if not isinstance(root, str) or not isinstance(into, str):
+            raise _malformed(marker)
+        failure = await _failure(storage, task, root)
+        if batch:
+            raise Fail(
+                "a batch handler cannot be an errback (link_error): it reads "
+                "ctx.task.params, which do not hold the failure; give it a plain handler"
+            )
+        params[into] = failure
+        return params
     source = marker.get("input")
     if source is None:
         return params
@@ -101,6 +140,72 @@ async def _complete(storage: TaskStorage, task: Task, root: Any, rest: list[Any]
     )
     for record in rest:  # one call each: a task may depend on the one before it
         await storage.enqueue([task_of_record(record)])
+
+
+async def _failure(storage: TaskStorage, task: Task, root_id: str) -> dict[str, JSON]:
+    """What the errback ``task`` of the canvas ``root_id`` gets: the task that failed
+    the canvas (the first to end FAILED among its descendants, a group's root only when
+    none of its members did; the root itself when none did).
+
+    :raises Cancelled: the canvas did not fail (COMPLETED, or CANCELLED by a user or
+        not because one of its tasks failed).
+    :raises Fail: the root is no longer stored.
+    """
+    root = await _stored(storage, root_id)
+    if root is None:
+        raise Fail(f"its canvas's root is task {_describe(root_id, None)}")
+    culprit: Task | None = None
+    if root.status in (TaskStatus.FAILED, TaskStatus.CANCELLED):
+        culprit = await _culprit(storage, root, task.id)
+    failed = root.status is TaskStatus.FAILED or (
+        root.status is TaskStatus.CANCELLED
+        and root.cancel_reason is CancelReason.PREEMPTED
+        and culprit is not None
+    )
+    if not failed:
+        log.info(
+            "task %s (%s), the errback of canvas %s: not run, the canvas is %s",
+            task.id,
+            task.task_type,
+            root_id,
+            root.status.value,
+        )
+        raise ErrbackSkipped(f"canvas {root_id} did not fail ({root.status.value})")
+    culprit = culprit or root
+    return {
+        "task_id": culprit.id,
+        "task_type": culprit.task_type,
+        "status": culprit.status.value,
+        "error": culprit.error,
+        "root": root.id,
+        "root_status": root.status.value,
+    }
+
+
+async def _culprit(storage: TaskStorage, root: Task, errback_id: str) -> Task | None:
+    """The task that failed the canvas of ``root``: breadth first through its FAILED
+    or CANCELLED descendants (a bounded number of queries), the FAILED one that
+    finished first, preferring a task of the canvas's own to a group's root (whose
+    failure only reports its members')."""
+    failed: list[Task] = []
+    level, queries = [root.id], 0
+    ended = (TaskStatus.FAILED, TaskStatus.CANCELLED)
+    while level and queries < _SEARCHES:
+        found: list[str] = []
+        for parent in level[: _SEARCHES - queries]:
+            queries += 1
+            page = await storage.query(TaskFilter(parent_id=parent, statuses=ended), limit=_PAGE)
+            for child in page:
+                if child.id == errback_id:
+                    continue
+                if child.status is TaskStatus.FAILED:
+                    failed.append(child)
+                found.append(child.id)
+        level = found
+    own = [t for t in failed if t.task_type != GROUP_TYPE] or failed
+    if not own:
+        return None
+    return min(own, key=lambda t: (t.finished_at is None, t.finished_at or t.created_at))
 
 
 async def _stored(storage: TaskStorage, task_id: str) -> Task | None:

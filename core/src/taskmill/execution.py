@@ -24,7 +24,7 @@ from taskmill.attempt_hooks import AttemptHooks
 from taskmill.backoff import RetryPolicy
 from taskmill.batching import Batcher
 from taskmill.canvas import CANVAS_KEY
-from taskmill.canvas_inputs import member_params
+from taskmill.canvas_inputs import ErrbackSkipped, member_params
 from taskmill.context import Context
 from taskmill.errors import Cancelled, Detached, Fail, Retry, TaskmillError
 from taskmill.handler_threads import run_in_thread
@@ -139,6 +139,7 @@ class AttemptRunner:
         retry_delay: float | None = None
         failure: BaseException | None = None
         where: str | None = None  # the traceback excerpt of an unexpected exception
+        stopped_for: CancelReason | None = None  # why a Cancelled ended it
         try:
             plugins = self._plugins
             if plugins.intercepts_handlers:  # started hooks, handler contexts
@@ -170,6 +171,8 @@ class AttemptRunner:
             kind, outcome, error = FinishKind.FAIL, AttemptOutcome.FAILED, str(exc)
         except (Cancelled, asyncio.CancelledError) as exc:
             reason = ctx.cancel_reason
+            if reason is None and isinstance(exc, ErrbackSkipped):
+                reason = CancelReason.PREEMPTED  # its canvas did not fail (docs/canvas.md)
             current = asyncio.current_task()
             external = current is not None and current.cancelling() > 0
             if reason is None and isinstance(exc, asyncio.CancelledError):
@@ -181,6 +184,7 @@ class AttemptRunner:
                 reason = CancelReason.USER
             if external and current is not None:
                 current.uncancel()
+            stopped_for = reason
             if reason.terminal:
                 kind, outcome = FinishKind.CANCEL, AttemptOutcome.CANCELLED
             else:
@@ -225,7 +229,7 @@ class AttemptRunner:
             result_json=result_json,
             error=error if where is None else f"{error}\n{where}",
             retry_in=retry_delay or 0.0,
-            cancel_reason=ctx.cancel_reason if kind is FinishKind.CANCEL else None,
+            cancel_reason=(ctx.cancel_reason or stopped_for) if kind is FinishKind.CANCEL else None,
             data=data,
             progress=progress,
             delete=execution.handler.deletes(kind, self.retention),

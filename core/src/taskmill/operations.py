@@ -300,7 +300,12 @@ class TaskOperations:
 
     # -- chains, groups and chords (docs/canvas.md) --------------------------------------
 
-    async def chain(self, *links: TaskSpecLike, pass_result: bool | str = False) -> Chain:
+    async def chain(
+        self,
+        *links: TaskSpecLike,
+        pass_result: bool | str = False,
+        link_error: TaskSpecLike | None = None,
+    ) -> Chain:
         """Store a chain: each link runs once the previous one has COMPLETED; a link
         that fails or is cancelled cancels the links after it.
 
@@ -308,19 +313,27 @@ class TaskOperations:
         key ``"input"`` (a str: that key), read from the store when the next link's
         attempt starts. The chain's ``id`` is its last link's, whose result is the
         chain's; the earlier links are its children, so ``tm.cancel(chain.id)`` cancels
-        them all.
+        them all. A link may itself be a canvas described with :mod:`taskmill.canvas`
+        (``canvas.group(...)``, ``canvas.chain(...)``, ``canvas.chord(...)``).
+        ``link_error``: a task that runs only if the chain fails, with the failure in
+        its params key ``"failure"`` (the handle's ``errback``; docs/canvas.md).
 
         :raises InvalidTaskSpec: no link, a link with a ``dedupe_key``, a
             ``parent_id`` or an ``after_policy``, links of several apps, or a link whose
             params already have the key the result is passed in. Nothing is stored.
         """
         _check_input_key(pass_result)
+        if link_error is not None:  # stored with its errback (docs/canvas.md, link_error)
+            described = canvas.chain(*links, pass_result=pass_result, link_error=link_error)
+            return await described.apply(self)
         specs = self._canvas_specs(links)
         plan = canvas.plan_chain(specs, pass_result, self._new_task)
         await self._store_plan(plan)
         return Chain(plan.root, ops=self, links=plan.members)
 
-    async def group(self, members: Iterable[TaskSpecLike]) -> Group:
+    async def group(
+        self, members: Iterable[TaskSpecLike], *, link_error: TaskSpecLike | None = None
+    ) -> Group:
         """Store a group: its members run independently, as children of a root task
         (``group.id``, type ``taskmill.group``, served by every worker) that ends once
         they all have: COMPLETED with the list of their results in order, or FAILED
@@ -328,6 +341,8 @@ class TaskOperations:
 
         :raises InvalidTaskSpec: see :meth:`chain`.
         """
+        if link_error is not None:
+            return await canvas.group(members, link_error=link_error).apply(self)
         specs = self._canvas_specs(members)
         plan = canvas.plan_group(specs, self._new_task)
         await self._store_plan(plan)
@@ -339,6 +354,7 @@ class TaskOperations:
         callback: TaskSpecLike,
         *,
         pass_result: bool | str = True,
+        link_error: TaskSpecLike | None = None,
     ) -> Chord:
         """Store a chord: ``members`` run independently, as children of ``callback``
         (``chord.id``), which runs once every one of them has COMPLETED, with their
@@ -348,6 +364,11 @@ class TaskOperations:
         :raises InvalidTaskSpec: see :meth:`chain`.
         """
         _check_input_key(pass_result)
+        if link_error is not None:
+            described = canvas.chord(
+                members, callback, pass_result=pass_result, link_error=link_error
+            )
+            return await described.apply(self)
         specs = self._canvas_specs(members)
         (last,) = self._canvas_specs([callback])
         plan = canvas.plan_chord(specs, last, pass_result, self._new_task)
