@@ -20,7 +20,7 @@ from taskmill import Retry, TaskFilter, Taskmill, TaskStatus
 from taskmill_http import create_app
 from taskmill_http.dashboard import CONTENT_SECURITY_POLICY, SESSION_COOKIE
 
-from tests.browser_support import chromium, sign_in
+from tests.browser_support import sign_in
 from tests.http_support import TOKENS, serve, wait_for
 from tests.test_http_serve import TASKMILL, free_port
 
@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "worker_process.py"
 
 pytestmark = pytest.mark.timeout(120)
+pytest_plugins = ("tests.browser_fixtures",)  # the browser and page fixtures
 
 
 @pytest.fixture
@@ -40,21 +41,6 @@ async def taskmill(store_url: str) -> AsyncIterator[Taskmill]:
 async def base_url(taskmill: Taskmill) -> AsyncIterator[str]:
     async with serve(create_app(taskmill, TOKENS)) as url:
         yield url
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with chromium() as found:
-        yield found
-
-
-@pytest.fixture
-async def page(browser: Browser) -> AsyncIterator[Page]:
-    context = await browser.new_context()
-    try:
-        yield await context.new_page()
-    finally:
-        await context.close()
 
 
 @contextlib.asynccontextmanager

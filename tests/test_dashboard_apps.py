@@ -9,15 +9,16 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from playwright.async_api import Browser, Page
+from playwright.async_api import Page
 from taskmill import Taskmill
 from taskmill_http import create_app
 from taskmill_http.dashboard import listing
 
-from tests.browser_support import chromium, sign_in
+from tests.browser_support import sign_in
 from tests.http_support import TOKENS, serve
 
 pytestmark = pytest.mark.timeout(120)
+pytest_plugins = ("tests.browser_fixtures",)  # the browser and page fixtures
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -37,17 +38,6 @@ async def taskmill(url: str) -> AsyncIterator[Taskmill]:
 async def base_url(taskmill: Taskmill) -> AsyncIterator[str]:
     async with serve(create_app(taskmill, TOKENS)) as found:
         yield found
-
-
-@pytest.fixture
-async def page() -> AsyncIterator[Page]:
-    browser: Browser
-    async with chromium() as browser:
-        context = await browser.new_context()
-        try:
-            yield await context.new_page()
-        finally:
-            await context.close()
 
 
 async def row_ids(page: Page) -> set[str]:

@@ -11,14 +11,15 @@ from urllib.parse import urlencode
 
 import httpx
 import pytest
-from playwright.async_api import Browser, Page
+from playwright.async_api import Page
 from taskmill import Context, Taskmill, TaskStatus
 from taskmill_http import create_app
 
-from tests.browser_support import chromium, sign_in
+from tests.browser_support import sign_in
 from tests.http_support import TOKENS, serve
 
 pytestmark = pytest.mark.timeout(120)
+pytest_plugins = ("tests.browser_fixtures",)  # the browser and page fixtures
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -38,17 +39,6 @@ async def taskmill(url: str) -> AsyncIterator[Taskmill]:
 async def base_url(taskmill: Taskmill) -> AsyncIterator[str]:
     async with serve(create_app(taskmill, TOKENS)) as found:
         yield found
-
-
-@pytest.fixture
-async def page() -> AsyncIterator[Page]:
-    browser: Browser
-    async with chromium() as browser:
-        context = await browser.new_context()
-        try:
-            yield await context.new_page()
-        finally:
-            await context.close()
 
 
 async def fail_all(url: str) -> None:

@@ -12,15 +12,16 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.async_api import Browser, Page
+from playwright.async_api import Page
 from taskmill import Context, Taskmill, TaskStatus
 from taskmill_http import Limits, create_app
 
-from tests.browser_support import chromium, sign_in
+from tests.browser_support import sign_in
 from tests.http_support import TOKENS, serve, wait_for
 from tests.test_dashboard import worker_process
 
 pytestmark = pytest.mark.timeout(120)
+pytest_plugins = ("tests.browser_fixtures",)  # the browser and page fixtures
 
 LIMITS = Limits(depth_sample_seconds=0.5)
 """The queue depth sampled every half second, so that a test sees it move."""
@@ -62,21 +63,6 @@ async def base_url(taskmill: Taskmill) -> AsyncIterator[str]:
 async def http(base_url: str) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=base_url, timeout=10) as client:
         yield client
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with chromium() as found:
-        yield found
-
-
-@pytest.fixture
-async def page(browser: Browser) -> AsyncIterator[Page]:
-    context = await browser.new_context()
-    try:
-        yield await context.new_page()
-    finally:
-        await context.close()
 
 
 @pytest.fixture

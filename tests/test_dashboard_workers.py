@@ -11,16 +11,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from playwright.async_api import Browser, Page
+from playwright.async_api import Page
 from taskmill import Taskmill
 from taskmill.workers import WorkerHandler, WorkerRecord, record_json
 from taskmill_http import create_app
 
-from tests.browser_support import chromium, sign_in
+from tests.browser_support import sign_in
 from tests.http_support import TOKENS, serve, wait_for
 from tests.test_dashboard import worker_process
 
 pytestmark = pytest.mark.timeout(120)
+pytest_plugins = ("tests.browser_fixtures",)  # the browser and page fixtures
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -41,21 +42,6 @@ async def taskmill(registry_url: str) -> AsyncIterator[Taskmill]:
 async def base_url(taskmill: Taskmill) -> AsyncIterator[str]:
     async with serve(create_app(taskmill, TOKENS)) as url:
         yield url
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with chromium() as found:
-        yield found
-
-
-@pytest.fixture
-async def page(browser: Browser) -> AsyncIterator[Page]:
-    context = await browser.new_context()
-    try:
-        yield await context.new_page()
-    finally:
-        await context.close()
 
 
 async def put_music_worker(tm: Taskmill) -> None:
