@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import pytest
 
+from taskmill.testing.canvas import CanvasContract
 from taskmill.testing.capabilities import requires
 from taskmill.testing.claims import ClaimContract
 from taskmill.testing.concurrency import ConcurrencyContract
@@ -138,6 +139,7 @@ class StorageContract(
     EdgeContract,
     RetentionContract,
     WorkerRegistryContract,
+    CanvasContract,
 ):
     """The semantics every :class:`~taskmill.TaskStorage` must have: every topic's tests.
 
