@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from urllib.parse import urlsplit, urlunsplit
@@ -157,3 +158,42 @@ def test_a_missing_postgresql_database_says_how_to_create_it(cli, postgres_url):
     assert f'database "{missing}" does not exist; create it with: createdb' in process.stderr
     assert f"-U {parts.username} {missing}" in process.stderr
     assert f":{parts.password}@" not in process.stderr
+
+
+REPRO_EVENTS_BREAK = """
+import asyncio, sys
+from taskmill import Taskmill
+
+async def main(url):
+    async with Taskmill(url, plugins=False, auto_migrate=True) as tm:
+        async def later():
+            await asyncio.sleep(0.3)
+            await tm.enqueue("x", {})
+        enqueuing = asyncio.create_task(later())
+        async for event in tm.events():
+            print("event", event.kind.value, flush=True)
+            break  # the documented way to stop
+        await enqueuing
+
+asyncio.run(main(sys.argv[1]))
+print("done", flush=True)
+"""
+
+
+def test_breaking_out_of_events_on_mongodb_leaves_no_pending_task_behind(mongo_url: str, tmp_path):
+    """Issue 29's report: leaving ``async for ev in tm.events()`` and then ``async
+    with tm`` printed pymongo's ``Task was destroyed but it is pending!``. Not
+    reproduced here (the nx-27017 stand-in, PyMongo's async API); this keeps it so."""
+    script = tmp_path / "events_break.py"
+    script.write_text(REPRO_EVENTS_BREAK)
+    done = subprocess.run(
+        [sys.executable, "-X", "dev", str(script), mongo_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["event", "enqueued", "done"]
+    assert "Task was destroyed" not in done.stderr, done.stderr[-2000:]
+    assert "never awaited" not in done.stderr, done.stderr[-2000:]
