@@ -84,6 +84,8 @@ class _Pending:
     started: float
     """``time.monotonic()`` at its start."""
     metric: Attributes
+    headers: dict[str, str] = attrs.field(factory=dict)
+    """What :meth:`Telemetry.sending` returned for it (the task's stored headers)."""
 
 
 @attrs.define
@@ -212,7 +214,12 @@ class Telemetry:
 
     def sending(self, spec: TaskSpec, task_id: str) -> dict[str, str] | None:
         """``taskmill_task_headers``: start the task's ``send`` span (a child of the
-        current span) and return its context as the task's headers."""
+        current span) and return its context as the task's headers. A task resolved
+        again before it is stored (a canvas's planner may) keeps its one span."""
+        with self._lock:
+            waiting = self._pending.get(task_id)
+        if waiting is not None:
+            return dict(waiting.headers) or None
         attributes = self._operation(
             self.span_attributes(
                 task_id,
@@ -230,7 +237,10 @@ class Telemetry:
         headers: dict[str, str] = {}
         self.propagator.inject(headers, context=trace.set_span_in_context(span))
         pending = _Pending(
-            span, time.monotonic(), self.metric_attributes(spec.task_type, spec.app_id, SEND, SEND)
+            span,
+            time.monotonic(),
+            self.metric_attributes(spec.task_type, spec.app_id, SEND, SEND),
+            headers,
         )
         with self._lock:
             previous = self._pending.pop(task_id, None)
