@@ -420,3 +420,52 @@ def test_the_plugin_is_inactive_until_opentelemetry_is_set_up() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+async def test_a_task_created_over_http_continues_the_callers_trace(
+    tmp_path: Path, otel: Recorder
+) -> None:
+    """An app in another language sends its W3C ``traceparent`` with ``POST
+    /v1/tasks`` (and ``:batch``): the task's ``send`` span continues that trace, and
+    the worker's ``process`` span follows it."""
+    import httpx
+    from taskmill_http import create_app
+
+    from tests.http_support import TOKENS, serve
+
+    trace_id, caller_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    traceparent = f"00-{trace_id}-{caller_span}-01"
+    tm = instrumented(sqlite_url(tmp_path), otel)
+    async with tm:
+
+        async def job(ctx: Context, params: dict[str, Any]) -> None:
+            return None
+
+        tm.register("http.job", job, app_id="photos")
+        async with serve(create_app(tm, TOKENS)) as base, httpx.AsyncClient(base_url=base) as http:
+            auth = {"Authorization": "Bearer tok-photos", "traceparent": traceparent}
+            one = await http.post("/v1/tasks", json={"task_type": "http.job"}, headers=auth)
+            assert one.status_code == 201, one.text
+            many = await http.post(
+                "/v1/tasks:batch", json=[{"task_type": "http.job"}], headers=auth
+            )
+            assert many.status_code == 201, many.text
+            plain = await http.post(
+                "/v1/tasks",
+                json={"task_type": "http.job"},
+                headers={"Authorization": "Bearer tok-photos"},
+            )
+        ids = [one.json()["id"], many.json()[0]["id"], plain.json()["id"]]
+        await tm.run_worker(until_idle=True, handle_signals=False)
+        for task_id in ids:
+            assert (await tm.wait(task_id, timeout=10)).status is TaskStatus.COMPLETED
+    sends = {attrs_of(s)["messaging.message.id"]: s for s in otel.spans("send http.job")}
+    for task_id in ids[:2]:
+        send = sends[task_id]
+        assert send.context is not None and send.parent is not None
+        assert f"{send.context.trace_id:032x}" == trace_id
+        assert f"{send.parent.span_id:016x}" == caller_span
+    unrelated = sends[ids[2]]
+    assert unrelated.context is not None and f"{unrelated.context.trace_id:032x}" != trace_id
+    processes = otel.spans("process http.job")
+    assert sum(f"{p.context.trace_id:032x}" == trace_id for p in processes if p.context) == 2

@@ -17,6 +17,7 @@ from taskmill import (
     InvalidTaskSpec,
     PluginError,
     Task,
+    TaskFilter,
     Taskmill,
     TaskSpec,
     TaskStatus,
@@ -255,3 +256,27 @@ async def test_the_headers_count_towards_the_params_size_limit(tmp_path: Path) -
     async with with_plugins(sqlite_url(tmp_path), big, max_params_bytes=1000) as tm:
         with pytest.raises(taskmill.InvalidParams):
             await tm.enqueue("a")
+
+
+async def test_headers_given_with_a_task_are_stored_and_checked() -> None:
+    """``TaskSpec.headers`` (``enqueue(headers=...)``) are stored under the reserved
+    key without any plugin, kept out of the handler's params, and refused, naming the
+    field, when they are not text or too many."""
+    seen: list[dict[str, Any]] = []
+    async with Taskmill("memory://", plugins=False) as tm:
+
+        @tm.handler("h")
+        async def handler(ctx: Context, params: dict[str, Any]) -> None:
+            seen.append(params)
+
+        task = await tm.enqueue("h", {"x": 1}, headers={"traceparent": "00-abc", "k": "v"})
+        (other,) = await tm.enqueue_many([{"task_type": "h", "headers": {"k": "w"}}])
+        assert headers_of(task) == {"traceparent": "00-abc", "k": "v"}
+        assert headers_of(other) == {"k": "w"}
+        await tm.run_worker(until_idle=True, handle_signals=False)
+        assert sorted(map(str, seen)) == sorted(["{'x': 1}", "{}"])
+        for bad in ({"n": 1}, {f"h{i}": "v" for i in range(17)}, {"nul": "a\x00b"}, ["x"]):
+            with pytest.raises(InvalidTaskSpec) as refused:
+                await tm.enqueue("h", headers=bad)  # type: ignore[arg-type]
+            assert refused.value.field == "headers", refused.value
+        assert len(await tm.query(TaskFilter(), limit=10)) == 2

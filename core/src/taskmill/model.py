@@ -301,6 +301,37 @@ class TaskFilter:
         return filters.matches(self, task)
 
 
+HEADERS_MAX: Final = 16
+"""The most headers one task carries (``TaskSpec.headers``)."""
+HEADER_NAME_MAX: Final = 128
+HEADER_VALUE_MAX: Final = 8192
+
+
+def _headers(value: Any) -> dict[str, str] | None:
+    """``TaskSpec.headers`` checked: a mapping of at most :data:`HEADERS_MAX` text names
+    (up to :data:`HEADER_NAME_MAX` characters) to text values (up to
+    :data:`HEADER_VALUE_MAX`), nothing a store cannot keep."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidTaskSpec(
+            f"headers is a mapping of text to text, not {type(value).__name__}", field="headers"
+        )
+    if len(value) > HEADERS_MAX:
+        raise InvalidTaskSpec(
+            f"a task carries at most {HEADERS_MAX} headers, not {len(value)}", field="headers"
+        )
+    for name, text in value.items():
+        if not isinstance(name, str) or not isinstance(text, str):
+            raise InvalidTaskSpec(
+                f"header {name!r}: names and values are text, not {type(text).__name__}",
+                field="headers",
+            )
+        check_key("headers", name, HEADER_NAME_MAX, empty=False)
+        check_key("headers", text, HEADER_VALUE_MAX)
+    return dict(value) or None
+
+
 def _task_ids(value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         raise ValueError(f"after= takes a list of task ids, not the string {value!r}")
@@ -328,6 +359,12 @@ class TaskSpec:
     after_policy: str = "completed"
     """``"completed"``: a dependency that ends FAILED or CANCELLED cancels this task;
     ``"always"``: it runs once every dependency has ended, however it ended."""
+    headers: dict[str, str] | None = attrs.field(default=None, converter=_headers)
+    """Transport headers the task is created under (say, the W3C ``traceparent`` of the
+    request that enqueues it): stored with the task under the reserved params key
+    ``taskmill.headers``, with what the plugins' ``taskmill_task_headers`` give (theirs
+    win a name), and read back with :func:`taskmill.headers_of`. The HTTP service sets
+    ``traceparent``, ``tracestate`` and ``baggage`` from the request's own headers."""
 
     @classmethod
     def from_value(cls, value: TaskSpec | Mapping[str, Any]) -> TaskSpec:
@@ -345,6 +382,8 @@ class TaskSpec:
             raise InvalidTaskSpec("a task spec needs a 'task_type'")
         try:
             return cls(**value)
+        except InvalidTaskSpec:
+            raise  # it names its field
         except (TypeError, ValueError) as exc:
             raise InvalidTaskSpec(f"invalid task spec: {exc}") from None
 

@@ -180,6 +180,7 @@ class TaskOperations:
         user_id: str | None = None,
         after: Iterable[str] = (),
         after_policy: str = "completed",
+        headers: Mapping[str, str] | None = None,
     ) -> Task:
         """Store a new task and return its snapshot.
 
@@ -215,7 +216,10 @@ class TaskOperations:
                 user_id=user_id,
                 after=after,  # the converter makes it a tuple (refusing a str)
                 after_policy=after_policy,
+                headers=headers,
             )
+        except InvalidTaskSpec:
+            raise  # it names its field
         except (TypeError, ValueError) as exc:
             raise InvalidTaskSpec(str(exc)) from None
         (task,) = await self._enqueue_specs([spec])
@@ -259,10 +263,11 @@ class TaskOperations:
                 field="params",
             )
         plugins = self._host.plugins
+        headers: dict[str, Any] = dict(spec.headers or {})
         if plugins.provides_headers and (params is None or isinstance(params, dict)):
-            headers: dict[str, Any] = plugins.task_headers(spec, task_id)
-            if headers:
-                spec = attrs.evolve(spec, params={**(params or {}), HEADERS_KEY: headers})
+            headers.update(plugins.task_headers(spec, task_id))
+        if headers and (params is None or isinstance(params, dict)):
+            spec = attrs.evolve(spec, params={**(params or {}), HEADERS_KEY: headers})
         return self._host.new_task(spec, task_id)
 
     async def _store(self, new_tasks: list[NewTask], *, wake: bool = True) -> list[Task]:

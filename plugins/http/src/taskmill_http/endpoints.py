@@ -48,10 +48,22 @@ from taskmill_http.tokens import Caller
 # -- tasks -----------------------------------------------------------------------------
 
 
-def _spec(caller: Caller, body: TaskSpecBody) -> TaskSpec:
+TRACE_HEADERS: tuple[str, ...] = ("traceparent", "tracestate", "baggage")
+"""The request headers a created task keeps (``TaskSpec.headers``): the W3C trace
+context, so that a trace in the caller continues into the task (docs/otel.md)."""
+
+
+def _trace_headers(call: Call) -> dict[str, str] | None:
+    headers = call.request.headers
+    found = {name: headers[name] for name in TRACE_HEADERS if name in headers}
+    return found or None
+
+
+def _spec(caller: Caller, body: TaskSpecBody, headers: dict[str, str] | None = None) -> TaskSpec:
     # The values are checked by the core when it builds the task (taskmill.validation):
     # a refusal is an InvalidTaskSpec naming the field, answered as 422.
     return TaskSpec(
+        headers=headers,
         task_type=body.task_type,
         params=body.params,
         # Stamped here, as tm.for_app() would (an app token's body names none): the
@@ -70,13 +82,14 @@ def _spec(caller: Caller, body: TaskSpecBody) -> TaskSpec:
 def _specs(call: Call, cls: type[TaskSpecBody] = TaskSpecBody) -> list[TaskSpec]:
     bodies = rq.list_body(call.body, cls, call.limits.max_items)
     rq.refuse_app_id(call.caller.app_id, [b.app_id for b in bodies])
-    return [_spec(call.caller, b) for b in bodies]
+    headers = _trace_headers(call)
+    return [_spec(call.caller, b, headers) for b in bodies]
 
 
 async def create_task(call: Call) -> Task:
     body = rq.body_as(call.body, TaskSpecBody)
     rq.refuse_app_id(call.caller.app_id, [body.app_id])
-    spec = _spec(call.caller, body)
+    spec = _spec(call.caller, body, _trace_headers(call))
     return await call.service.creates.enqueue(call.ops, spec)
 
 

@@ -231,8 +231,17 @@ class Telemetry:
             SEND,
             SEND,
         )
+        parent = None
+        incoming = getattr(spec, "headers", None)
+        if incoming and not trace.get_current_span().get_span_context().is_valid:
+            # No trace in this process: continue the caller's (the HTTP service passes
+            # the request's traceparent in the spec's headers).
+            parent = self.propagator.extract(incoming)
         span = self.tracer.start_span(
-            f"{SEND} {spec.task_type}", kind=SpanKind.PRODUCER, attributes=attributes
+            f"{SEND} {spec.task_type}",
+            context=parent,
+            kind=SpanKind.PRODUCER,
+            attributes=attributes,
         )
         headers: dict[str, str] = {}
         self.propagator.inject(headers, context=trace.set_span_in_context(span))
