@@ -263,11 +263,14 @@ class TaskOperations:
                 field="params",
             )
         plugins = self._host.plugins
-        headers: dict[str, Any] = dict(spec.headers or {})
-        if plugins.provides_headers and (params is None or isinstance(params, dict)):
-            headers.update(plugins.task_headers(spec, task_id))
-        if headers and (params is None or isinstance(params, dict)):
-            spec = attrs.evolve(spec, params={**(params or {}), HEADERS_KEY: headers})
+        if (spec.headers or plugins.provides_headers) and (
+            params is None or isinstance(params, dict)
+        ):  # the common case (no header, no plugin giving any) builds nothing here
+            headers: dict[str, Any] = dict(spec.headers or {})
+            if plugins.provides_headers:
+                headers.update(plugins.task_headers(spec, task_id))
+            if headers:
+                spec = attrs.evolve(spec, params={**(params or {}), HEADERS_KEY: headers})
         return self._host.new_task(spec, task_id)
 
     async def _store(self, new_tasks: list[NewTask], *, wake: bool = True) -> list[Task]:

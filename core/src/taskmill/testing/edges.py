@@ -23,6 +23,8 @@ import pytest
 from taskmill.app import Taskmill
 from taskmill.context import Context
 from taskmill.errors import InvalidInput, InvalidTaskSpec, TaskNotFound
+from taskmill.headers import HEADERS_KEY
+from taskmill.hookspecs import headers_of
 from taskmill.model import Task, TaskFilter, TaskStatus
 from taskmill.serialization import dumps
 from taskmill.storage import TaskStorage
@@ -179,6 +181,25 @@ class EdgeContract:
             assert isinstance(error, ValueError)
             assert error.field == field, f"{call}: {error}"
             assert says in str(error), f"{call}: {error}"
+        assert await self._everything(tm) == before
+
+    async def test_headers_are_kept_with_their_task_and_bad_ones_store_nothing(
+        self, edge_taskmill: Taskmill
+    ) -> None:
+        """``TaskSpec.headers`` (a caller's trace context, say) read back as given, out of
+        the handler's params; headers no store keeps are refused naming the field."""
+        tm = edge_taskmill
+        given = {"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01", "k": "é ✓ 𝄞"}
+        task = await tm.enqueue("keep", {"n": 1}, headers=given)
+        stored = await tm.get(task.id)
+        assert stored is not None and headers_of(stored) == given
+        assert {k: v for k, v in stored.params.items() if k != HEADERS_KEY} == {"n": 1}
+        before = await self._everything(tm)
+        too_many = {f"h{i}": "v" for i in range(17)}
+        for bad in ({"nul": "a\x00b"}, {"n": 1}, {"x" * 129: "v"}, too_many):
+            with pytest.raises(InvalidTaskSpec) as refused:
+                await tm.enqueue("keep", headers=bad)  # type: ignore[arg-type]
+            assert refused.value.field == "headers", refused.value
         assert await self._everything(tm) == before
 
     @pytest.mark.parametrize("kwargs", [pytest.param(kw, id=case) for case, kw in STORED])
