@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from harness import Recorder, load_1min, now_iso, redact
+from harness import PostgresSchemas, Recorder, is_postgres, load_1min, now_iso, redact
 from taskmill import Taskmill
 
 TOKEN = "bench-token"
@@ -318,30 +318,44 @@ def bench_node(base: str, args: argparse.Namespace, service_pid: int) -> dict[st
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         url = args.url or f"sqlite:///{Path(tmp) / 'bench.db'}"
-        async with Taskmill(url, plugins=False):
-            pass  # create the schema before the service opens it
-        service = Service(url, Path(tmp), worker=args.worker)
+        # A PostgreSQL run gets a schema of its own, dropped after, as a SQLite run gets
+        # a fresh file: the rows and dead tuples of earlier runs (and the autovacuum
+        # they start) do not weigh on this one.
+        schemas = PostgresSchemas(url, prefix="bench_http") if is_postgres(url) else None
+        schema = None
+        if schemas is not None:
+            url, schema = schemas.url()
         try:
-            if args.mode == "post" and args.client == "node":
-                result = await asyncio.to_thread(
-                    bench_node, service.base, args, service.process.pid
-                )
-            elif args.mode == "post":
-                result = await bench_post(service.port, args.clients, args.requests)
-            elif args.mode == "batch":
-                result = await bench_batch(
-                    service.base, args.batch_clients, args.batches, args.batch_size
-                )
-            else:
-                result = await bench_fanout(url, service.port, args.subscribers, args.events)
+            return await run_in(url, tmp, args)
         finally:
-            service.stop()
-        async with Taskmill(url, plugins=False) as tm:
-            from taskmill import TaskFilter
+            if schemas is not None and schema is not None:
+                await schemas.drop(schema)
 
-            for task_type in ("bench-post", "bench-batch", "bench-fanout"):
-                await tm.cancel_by_filter(TaskFilter(task_types=(task_type,)))
-            await tm.cleanup(__import__("datetime").timedelta(0))
+
+async def run_in(url: str, tmp: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One measurement on the store at ``url``, with ``tmp`` for the service's files."""
+    async with Taskmill(url, plugins=False):
+        pass  # create the schema before the service opens it
+    service = Service(url, Path(tmp), worker=args.worker)
+    try:
+        if args.mode == "post" and args.client == "node":
+            result = await asyncio.to_thread(bench_node, service.base, args, service.process.pid)
+        elif args.mode == "post":
+            result = await bench_post(service.port, args.clients, args.requests)
+        elif args.mode == "batch":
+            result = await bench_batch(
+                service.base, args.batch_clients, args.batches, args.batch_size
+            )
+        else:
+            result = await bench_fanout(url, service.port, args.subscribers, args.events)
+    finally:
+        service.stop()
+    async with Taskmill(url, plugins=False) as tm:
+        from taskmill import TaskFilter
+
+        for task_type in ("bench-post", "bench-batch", "bench-fanout"):
+            await tm.cancel_by_filter(TaskFilter(task_types=(task_type,)))
+        await tm.cleanup(__import__("datetime").timedelta(0))
     return {"mode": args.mode, "backend": backend_of(url), **result}
 
 
@@ -386,6 +400,8 @@ def main() -> None:
         key: value for key, value in vars(args).items() if key != "no_record" and value is not None
     }
     params["url"] = redact(args.url) if args.url else "sqlite:///<fresh file>"
+    if args.url and is_postgres(args.url):
+        params["schema"] = "fresh per run (bench_http_<hex>), dropped after"
     params["backend"] = result.pop("backend")
     recorder.record(args.mode, result, params=params, load=load, date=date)
     recorder.done()

@@ -350,8 +350,12 @@ class Worker(Generic[HostT]):
                 )
             self._listener = await self._open_listener()
             if self._listener is not None:
-                self._background.append(
-                    asyncio.create_task(self._listen_loop(self._listener), name="taskmill-listen")
+                self._background.extend(
+                    asyncio.create_task(
+                        self._listen_loop(self._listener, kind),
+                        name=f"taskmill-listen-{kind.value}",
+                    )
+                    for kind in (StoreChange.WORK, StoreChange.CONTROL)
                 )
             if self._host.plugins.observes_workers:
                 await self._host.plugins.worker_started(self)
@@ -471,10 +475,15 @@ class Worker(Generic[HostT]):
             log.exception("the store's change notifications are unavailable; polling only")
             return None
 
-    async def _listen_loop(self, listener: ChangeListener) -> None:
-        """Wake at once on work or control changes committed by any process (the
-        store's push channel); polling stays as the fallback."""
-        kinds = frozenset({StoreChange.WORK, StoreChange.CONTROL})
+    async def _listen_loop(self, listener: ChangeListener, kind: StoreChange) -> None:
+        """Wake at once on changes of ``kind`` committed by any process (the store's
+        push channel); polling stays as the fallback. One loop per kind: new work wakes
+        the claim loop only, and only a control change (a cancel or a suspension of
+        running tasks) makes the leases check ask the store about the running tasks;
+        under a steady stream of enqueues that check would otherwise run once per
+        notification."""
+        kinds = frozenset({kind})
+        control = kind is StoreChange.CONTROL
         pause = _LISTEN_RETRY
         while True:
             try:
@@ -490,6 +499,8 @@ class Worker(Generic[HostT]):
                 pause = min(self.poll_interval, pause * 2)
                 if self._wake is not None:
                     self._wake.set()  # a notification may have been missed: look once
+                if control:
+                    self._leases.check_soon()
                 continue
             pause = _LISTEN_RETRY
             if notified:
@@ -497,7 +508,8 @@ class Worker(Generic[HostT]):
                 # before the next notification arrives.
                 if self._wake is not None:
                     self._wake.set()
-                self._leases.check_soon()
+                if control:
+                    self._leases.check_soon()
 
     async def _housekeeping_once(self) -> None:
         """Rescue expired leases, prune the event log, run the periodic cleanup, and

@@ -2,13 +2,14 @@
 gets, the runner that retries a rolled-back transaction, and how driver errors become
 taskmill's.
 
-Every connection runs with ``plan_cache_mode = force_generic_plan`` and ``jit = off``
-(see :meth:`Database.server_settings`) and the ``statement_timeout`` option. A pooled
-connection is handed back as it is (:func:`keep_session`): no operation leaves session
-state on it. A deadlock or serialization failure rolled the transaction back: it is run
-again, a bounded number of times, from the start. A server that cannot be reached or
-used is reported as :class:`~taskmill.errors.StorageUnavailable` naming where it is and
-never the password; a missing table names ``taskmill migrate``.
+Every connection runs with ``plan_cache_mode = force_generic_plan``, ``enable_seqscan =
+off`` and ``jit = off`` (see :meth:`Database.server_settings`) and the
+``statement_timeout`` option. A pooled connection is handed back as it is
+(:func:`keep_session`): no operation leaves session state on it. A deadlock or
+serialization failure rolled the transaction back: it is run again, a bounded number of
+times, from the start. A server that cannot be reached or used is reported as
+:class:`~taskmill.errors.StorageUnavailable` naming where it is and never the password;
+a missing table names ``taskmill migrate``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from taskmill_postgres.schema import Conn
 __all__ = [
     "MISSING",
     "RETRYABLE",
+    "SEQ_SCANS_ALLOWED",
     "UNAVAILABLE",
     "Database",
     "Record",
@@ -38,6 +40,11 @@ __all__ = [
 
 T = TypeVar("T")
 Record: TypeAlias = asyncpg.Record
+
+SEQ_SCANS_ALLOWED: Final = "SET LOCAL enable_seqscan = on"
+"""Run first in the transaction of a read over a filtered share of the tasks (a listing,
+a summary), where a seq scan can beat every index: the session has them off
+(:meth:`Database.server_settings`)."""
 
 UNAVAILABLE: Final = (
     OSError,
@@ -122,6 +129,14 @@ class Database:
             # lookups, arrays): planning it again on every call (PostgreSQL's "custom
             # plans") costs more than running it for the small batches of a worker.
             "plan_cache_mode": "force_generic_plan",
+            # That one plan is made at a connection's first use of a statement, from the
+            # table as it is then: made while a table is new (never analyzed) or nearly
+            # empty, it seq scans, and keeps seq scanning as the table grows until
+            # autovacuum's next ANALYZE (measured: a finish of 10 tasks scanning 10,476
+            # rows, 4.3 ms instead of 0.1). Every statement of a worker's path has an
+            # index to take, so seq scans are off; the reads of a filtered share of the
+            # table (query, summary) turn them back on for their own transaction.
+            "enable_seqscan": "off",
             # JIT compilation would add tens of milliseconds to statements whose
             # estimated cost grows with the table, for nothing.
             "jit": "off",

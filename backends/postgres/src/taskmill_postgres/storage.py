@@ -79,7 +79,7 @@ from taskmill_postgres.arguments import (
     progress_arrays,
 )
 from taskmill_postgres.cancellation import Cancellation
-from taskmill_postgres.connection import UNAVAILABLE, Database, Record
+from taskmill_postgres.connection import SEQ_SCANS_ALLOWED, UNAVAILABLE, Database, Record
 from taskmill_postgres.enqueue import Enqueue, Inserted
 from taskmill_postgres.events import EventLog, Events
 from taskmill_postgres.limits import LimitStatements, PostgresBuckets
@@ -498,9 +498,10 @@ class PostgresStorage(TaskStorage):
         )  # fmt: skip
 
         async def query(conn: Conn) -> list[Record]:
+            await conn.execute(SEQ_SCANS_ALLOWED)
             return list(await conn.fetch(sql, *args))
 
-        return [rows.task(r) for r in await self._db.run(query)]
+        return [rows.task(r) for r in await self._db.run(query, transaction=True)]
 
     async def summary(self, filter: TaskFilter) -> ProgressSummary:
         """Counts by status from one ``GROUP BY status`` query; no task is loaded."""
@@ -511,9 +512,10 @@ class PostgresStorage(TaskStorage):
         )
 
         async def summarize(conn: Conn) -> list[Record]:
+            await conn.execute(SEQ_SCANS_ALLOWED)
             return list(await conn.fetch(sql, *args))
 
-        found = await self._db.run(summarize)
+        found = await self._db.run(summarize, transaction=True)
         counts = {r[0]: r[1] for r in found}
         waiting = sum(r[2] for r in found if r[0] == "pending")
         return ProgressSummary.from_counts(counts, waiting=waiting)

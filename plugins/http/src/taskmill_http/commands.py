@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import sys
@@ -134,6 +135,11 @@ async def serve(args: argparse.Namespace, settings: Any) -> int:
             file=sys.stderr,
             flush=True,
         )
+        # What startup built (modules, the app, the store's statements) lives as long
+        # as the process: frozen, the collector's full passes no longer walk it, which
+        # under load was 5 % of the service's CPU (docs/benchmarks.md, "The HTTP service").
+        gc.collect()
+        gc.freeze()
         try:
             await server.serve()
         finally:
