@@ -20,7 +20,9 @@
     uv run python bench/http_service.py --mode post --client node --worker --handler \
         --clients 32 --requests 5000 --sequential 500 --url postgresql://...
 
-Results are printed and recorded in ``bench/results/http-service.jsonl``.
+On PostgreSQL each run gets a schema of its own (``bench_http_<hex>``), dropped after, as
+a SQLite run gets a fresh file. Results are printed and recorded in
+``bench/results/http-service.jsonl``.
 """
 
 from __future__ import annotations
