@@ -35,7 +35,8 @@ from taskmill import (
     TaskStatus,
     UnknownTaskType,
 )
-from taskmill.canvas import CANVAS_KEY, GROUP_TYPE, plan_chain, plan_group
+from taskmill.canvas import CANVAS_KEY, GROUP_TYPE
+from taskmill.canvas_plan import plan_chain, plan_group
 from taskmill.testing import wait_until
 
 pytest_plugins = ("tests.cli_fixtures",)  # the cli and url fixtures

@@ -39,8 +39,8 @@ from taskmill.canvas import (
     ChainSpec,
     GroupSpec,
     errback_id,
-    plan_chain,
 )
+from taskmill.canvas_plan import plan_chain
 from taskmill.testing import wait_until
 
 from tests.test_canvas import OPTIONS, add, register_add, run_until_idle, stored

@@ -35,7 +35,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Final
 
-from taskmill.canvas import CANVAS_KEY, GROUP_TYPE, member_id, task_of_record
+from taskmill.canvas import CANVAS_KEY, GROUP_TYPE, member_id
+from taskmill.canvas_plan import task_of_record
 from taskmill.errors import Cancelled, Fail
 from taskmill.model import JSON, CancelReason, Task, TaskFilter, TaskStatus
 from taskmill.storage import TaskStorage

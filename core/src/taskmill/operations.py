@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from taskmill import canvas
+from taskmill import canvas, canvas_plan
 from taskmill.canvas import Chain, Chord, Group
 from taskmill.errors import InvalidTaskSpec, TaskNotFound, WaitTimeout
 from taskmill.headers import HEADERS_KEY
@@ -335,7 +335,7 @@ class TaskOperations:
             described = canvas.chain(*links, pass_result=pass_result, link_error=link_error)
             return await described.apply(self)
         specs = self._canvas_specs(links)
-        plan = canvas.plan_chain(specs, pass_result, self._new_task)
+        plan = canvas_plan.plan_chain(specs, pass_result, self._new_task)
         await self._store_plan(plan)
         return Chain(plan.root, ops=self, links=plan.members)
 
@@ -352,7 +352,7 @@ class TaskOperations:
         if link_error is not None:
             return await canvas.group(members, link_error=link_error).apply(self)
         specs = self._canvas_specs(members)
-        plan = canvas.plan_group(specs, self._new_task)
+        plan = canvas_plan.plan_group(specs, self._new_task)
         await self._store_plan(plan)
         return Group(plan.root, ops=self, members=plan.members)
 
@@ -379,7 +379,7 @@ class TaskOperations:
             return await described.apply(self)
         specs = self._canvas_specs(members)
         (last,) = self._canvas_specs([callback])
-        plan = canvas.plan_chord(specs, last, pass_result, self._new_task)
+        plan = canvas_plan.plan_chord(specs, last, pass_result, self._new_task)
         await self._store_plan(plan)
         return Chord(plan.root, ops=self, members=plan.members)
 
@@ -394,11 +394,11 @@ class TaskOperations:
             raise InvalidTaskSpec("give the tasks of a group or chord as a list of specs")
         return [self._stamped(TaskSpec.from_value(value)) for value in values]
 
-    async def _store_plan(self, plan: canvas.CanvasPlan) -> None:
+    async def _store_plan(self, plan: canvas_plan.CanvasPlan) -> None:
         # This process's workers are woken once the whole canvas is stored: one that
         # started the first task earlier would find the root missing and store the rest
         # itself (harmless: the same ids; but it is the path for a creator that died).
-        await canvas.store_plan(
+        await canvas_plan.store_plan(
             plan,
             get=self._host.storage.get,
             enqueue=functools.partial(self._store, wake=False),
