@@ -18,6 +18,8 @@ The protocol, for receivers written in any language (also in docs/service.md):
 - While attached, a cancel (or a suspension, a shutdown, the timeout) aborts the
   in-flight request: the receiver sees its connection closed.
 - A redirect (3xx) is not followed: the task FAILED, naming where it pointed.
+- The request carries the task's W3C trace context (``traceparent``, ``tracestate``,
+  ``baggage``; :func:`trace_headers`), so a receiver's tracing continues the trace.
 
 With an allow-list (``hosts``, :class:`~taskmill_http.allowlist.HandlerHosts`; every
 handler registered over HTTP has the worker's), each request first checks the URL's
@@ -31,11 +33,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 from typing import Any, Final
 
 import httpx
 from taskmill.context import Context
 from taskmill.errors import Detached, Fail, ProxyError
+from taskmill.headers import HEADERS_KEY
 from taskmill.model import JSON, Task
 from taskmill.proxy import ProxyHandler
 from taskmill.serialization import dumps
@@ -54,6 +58,43 @@ from taskmill_http.transport import (
 
 _ERROR_EXCERPT = 500
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+
+TRACE_HEADERS: Final = ("traceparent", "tracestate", "baggage")
+"""The W3C trace-context headers a request carries (:func:`trace_headers`)."""
+
+
+def trace_headers(task: Task) -> dict[str, str]:
+    """The trace context to send with ``task``'s request, as HTTP headers.
+
+    When OpenTelemetry is loaded in this process and a span is current (with
+    taskmill-otel, the attempt's ``process`` span), its context, through the
+    configured propagator: the receiver's spans are children of the attempt. Otherwise
+    the context stored with the task when it was enqueued (``enqueue(headers=...)``, the
+    HTTP service's create, or taskmill-otel's ``send`` span): the receiver continues the
+    producer's trace. Only ``traceparent``, ``tracestate`` and ``baggage`` are sent; a
+    stored value that is not a valid header value is left out. Costs a dict lookup when
+    OpenTelemetry is not loaded.
+    """
+    found: dict[str, str] = {}
+    propagate = sys.modules.get("opentelemetry.propagate")
+    if propagate is not None:
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        if "traceparent" in carrier:
+            found = {name: carrier[name] for name in TRACE_HEADERS if name in carrier}
+    if not found:
+        stored = task.params.get(HEADERS_KEY)
+        if not isinstance(stored, dict):
+            return {}
+        found = {
+            name: value for name in TRACE_HEADERS if isinstance(value := stored.get(name), str)
+        }
+    for name, value in list(found.items()):
+        try:
+            check_header(name, value)
+        except ValueError:
+            del found[name]
+    return found
 
 
 async def url_route(hosts: HandlerHosts, url: str | httpx.URL) -> Route:
@@ -165,6 +206,7 @@ class HttpHandler(ProxyHandler["asyncio.Task[HttpResponse]"]):
         )
         self.headers = dict(headers or {})
         self._request_headers = {**self.headers, "Content-Type": "application/json"}
+        self._own_trace = {name.lower() for name in self.headers} & set(TRACE_HEADERS)
         self.connect_timeout = connect_timeout
         self.hosts = hosts
         self.cancel_grace = 0.0
@@ -188,24 +230,28 @@ class HttpHandler(ProxyHandler["asyncio.Task[HttpResponse]"]):
     async def send(self, ctx: Context, params: dict[str, Any]) -> asyncio.Task[HttpResponse]:
         """Start the request; the attempt's outcome is its answer."""
         body = dumps(request_body(ctx.task)).encode()
+        headers = self._request_headers
+        trace = trace_headers(ctx.task)
+        for name in self._own_trace:  # the handler's own headers win (set by hand)
+            trace.pop(name, None)
+        if trace:
+            headers = {**trace, **headers}
         if self.hosts is None:
             return asyncio.create_task(
-                self._http().post(
-                    self._origin, self._target, self._host_header, body, self._request_headers
-                )
+                self._http().post(self._origin, self._target, self._host_header, body, headers)
             )
-        return asyncio.create_task(self._checked_post(self.hosts, body))
+        return asyncio.create_task(self._checked_post(self.hosts, body, headers))
 
-    async def _checked_post(self, hosts: HandlerHosts, body: bytes) -> HttpResponse:
+    async def _checked_post(
+        self, hosts: HandlerHosts, body: bytes, headers: dict[str, str]
+    ) -> HttpResponse:
         """POST ``body`` where ``hosts`` lets the URL go: as it is (an address or a name
         on the list), else to each checked address of its name in turn (the ``Host``
         header and the TLS server name still the name's), never resolving it again."""
         route = await url_route(hosts, self._parsed)
         http = self._http()
         if not route.addresses:
-            return await http.post(
-                self._origin, self._target, self._host_header, body, self._request_headers
-            )
+            return await http.post(self._origin, self._target, self._host_header, body, headers)
         scheme, _, port, _ = self._origin
         server_name = route.host if scheme == "https" else None
         failure: ConnectFailed | None = None
@@ -216,7 +262,7 @@ class HttpHandler(ProxyHandler["asyncio.Task[HttpResponse]"]):
                     self._target,
                     self._host_header,
                     body,
-                    self._request_headers,
+                    headers,
                 )
             except ConnectFailed as exc:
                 failure = exc  # the next address, as a client tries a name's addresses

@@ -1,0 +1,100 @@
+"""An HTTP handler's request carries the task's W3C trace context, so that a receiver's
+tracing (a Node app's, say) continues the trace: the context stored with the task when
+nothing in the worker traces, and the attempt's ``process`` span when taskmill-otel
+records one. Real HTTP receivers on loopback, on SQLite."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from taskmill import Taskmill, TaskStatus
+from taskmill_http import HttpHandler
+
+from tests.http_support import serve
+from tests.test_otel import Recorder, instrumented
+
+pytestmark = pytest.mark.timeout(60)
+TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+class Receiver:
+    """Records the trace headers of every request it answers."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, str]] = []
+        self.base = ""
+
+    def app(self) -> Starlette:
+        async def run(request: Request) -> Response:
+            await request.body()
+            self.seen.append(
+                {
+                    name: request.headers[name]
+                    for name in ("traceparent", "tracestate", "baggage")
+                    if name in request.headers
+                }
+            )
+            return JSONResponse(None)
+
+        return Starlette(routes=[Route("/run", run, methods=["POST"])])
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    found = Receiver()
+    async with serve(found.app()) as base:
+        found.base = base
+        yield found
+
+
+async def run_one(tm: Taskmill, task_type: str = "job", **enqueue: Any) -> str:
+    task = await tm.enqueue(task_type, **enqueue)
+    await tm.run_worker(until_idle=True, handle_signals=False, poll_interval=0.05)
+    done = await tm.get(task.id)
+    assert done is not None and done.status is TaskStatus.COMPLETED, done
+    return task.id
+
+
+async def test_the_stored_trace_context_reaches_the_receiver(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    async with Taskmill(f"sqlite:///{tmp_path / 'tasks.db'}", plugins=False) as tm:
+        tm.register("job", HttpHandler(f"{receiver.base}/run"))
+        headers = {"traceparent": TRACE, "tracestate": "vendor=1", "x-other": "kept"}
+        await run_one(tm, headers=headers)
+        await run_one(tm)  # none stored: none sent
+        # The handler's own header wins the name.
+        own = HttpHandler(f"{receiver.base}/run", headers={"TraceParent": "mine"})
+        tm.register("own", own)
+        await run_one(tm, "own", headers={"traceparent": TRACE})
+    assert receiver.seen == [
+        {"traceparent": TRACE, "tracestate": "vendor=1"},
+        {},
+        {"traceparent": "mine"},
+    ]
+
+
+async def test_with_taskmill_otel_the_receiver_is_a_child_of_the_process_span(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    otel = Recorder()
+    try:
+        async with instrumented(f"sqlite:///{tmp_path / 'tasks.db'}", otel) as tm:
+            tm.register("job", HttpHandler(f"{receiver.base}/run"))
+            await run_one(tm, headers={"traceparent": TRACE})
+        process = otel.span("process job")
+    finally:
+        otel.shutdown()
+    context = process.get_span_context()
+    assert context is not None
+    (sent,) = receiver.seen
+    _, trace_id, parent_id, _ = sent["traceparent"].split("-")
+    assert trace_id == f"{context.trace_id:032x}" == TRACE.split("-")[1]
+    assert parent_id == f"{context.span_id:016x}"
