@@ -491,10 +491,12 @@ class Worker(Generic[HostT]):
             except Exception:
                 # Back off from a short pause, not from poll_interval: a worker set to
                 # rely on notifications (a long poll_interval) must not go deaf for a
-                # whole poll_interval after one failed wait.
-                log_retried_failure(
-                    log, "waiting for change notifications failed; again in %.2f s", pause
-                )
+                # whole poll_interval after one failed wait. The work loop reports it:
+                # both loops wait on the same listener.
+                if not control:
+                    log_retried_failure(
+                        log, "waiting for change notifications failed; again in %.2f s", pause
+                    )
                 await asyncio.sleep(pause)
                 pause = min(self.poll_interval, pause * 2)
                 if self._wake is not None:
