@@ -1,8 +1,8 @@
 """The service app sends a request for a path without parameters straight to its
 endpoint (taskmill_http.service.ServiceApp), skipping Starlette's layers around the
-router. What those layers did must still happen: the answers, a 405 with ``Allow`` for a
-method the path does not take, HEAD, a user's middleware, and the app mounted under a
-prefix. Through a real uvicorn server, on SQLite."""
+router: which requests take that way, and that what those layers did still happens (the
+answers, a 405 with ``Allow`` for a method the path does not take, HEAD, a user's
+middleware, the app mounted under a prefix). Through a real uvicorn server, on SQLite."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoin
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount
+from starlette.types import Receive, Scope, Send
 from taskmill import Taskmill, TaskStatus
 from taskmill_http import create_app
 
@@ -33,7 +34,19 @@ async def tm(tmp_path: Path) -> AsyncIterator[Taskmill]:
 
 async def test_direct_paths_answer_as_the_router_did(tm: Taskmill):
     app = create_app(tm, TOKENS, dashboard=False)
+    through_starlette: list[str] = []
     async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=10) as http:
+        # Which requests go through Starlette's layers: its stack, built by the
+        # lifespan's startup, wrapped to record them.
+        stack = app.middleware_stack
+        assert stack is not None
+
+        async def recording(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] == "http":
+                through_starlette.append(f"{scope['method']} {scope['path']}")
+            await stack(scope, receive, send)
+
+        app.middleware_stack = recording
         created = await http.post("/v1/tasks", json={"task_type": "resize"}, headers=AUTH)
         assert created.status_code == 201, created.text
         task_id = created.json()["id"]
@@ -61,6 +74,13 @@ async def test_direct_paths_answer_as_the_router_did(tm: Taskmill):
         one = await http.get(f"/v1/tasks/{task_id}", headers=AUTH)
         assert one.status_code == 200 and one.json()["id"] == task_id
         assert (await http.get("/v1/nothing-here", headers=AUTH)).status_code == 404
+    # Only the requests without an endpoint of their own path and method took the long
+    # way: the creates, listings, HEAD and the endpoint's own errors went straight.
+    assert through_starlette == [
+        "DELETE /v1/tasks",
+        f"GET /v1/tasks/{task_id}",
+        "GET /v1/nothing-here",
+    ]
 
 
 async def test_a_users_middleware_still_sees_every_request(tm: Taskmill):
