@@ -328,14 +328,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if schemas is not None:
             url, schema = schemas.url()
         try:
-            return await run_in(url, tmp, args)
+            # A fresh store (a new SQLite file, a new schema) goes with its tasks.
+            return await run_in(url, tmp, args, clean_up=bool(args.url) and schemas is None)
         finally:
             if schemas is not None and schema is not None:
                 await schemas.drop(schema)
 
 
-async def run_in(url: str, tmp: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One measurement on the store at ``url``, with ``tmp`` for the service's files."""
+async def run_in(url: str, tmp: str, args: argparse.Namespace, *, clean_up: bool) -> dict[str, Any]:
+    """One measurement on the store at ``url``, with ``tmp`` for the service's files;
+    with ``clean_up`` (a store shared with other runs) its tasks are removed after."""
     async with Taskmill(url, plugins=False):
         pass  # create the schema before the service opens it
     service = Service(url, Path(tmp), worker=args.worker)
@@ -352,12 +354,13 @@ async def run_in(url: str, tmp: str, args: argparse.Namespace) -> dict[str, Any]
             result = await bench_fanout(url, service.port, args.subscribers, args.events)
     finally:
         service.stop()
-    async with Taskmill(url, plugins=False) as tm:
-        from taskmill import TaskFilter
+    if clean_up:
+        async with Taskmill(url, plugins=False) as tm:
+            from taskmill import TaskFilter
 
-        for task_type in ("bench-post", "bench-batch", "bench-fanout"):
-            await tm.cancel_by_filter(TaskFilter(task_types=(task_type,)))
-        await tm.cleanup(__import__("datetime").timedelta(0))
+            for task_type in ("bench-post", "bench-batch", "bench-fanout"):
+                await tm.cancel_by_filter(TaskFilter(task_types=(task_type,)))
+            await tm.cleanup(__import__("datetime").timedelta(0))
     return {"mode": args.mode, "backend": backend_of(url), **result}
 
 

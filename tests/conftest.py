@@ -32,7 +32,7 @@ from taskmill import Taskmill
 T = TypeVar("T")
 
 # A test past its timeout fails with a stack dump and the run goes on (tests/timeouts.py).
-pytest_plugins = ["tests.timeouts"]
+pytest_plugins = ["tests.timeouts", "tests.receiver_fixtures"]
 
 API_BACKENDS = ["memory", "sqlite", "postgres", "mysql", "mongo"]
 

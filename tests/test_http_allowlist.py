@@ -30,10 +30,6 @@ from typing import Any
 import httpx
 import pytest
 import taskmill_http.plugin
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response
-from starlette.routing import Route
 from taskmill import Taskmill, TaskStatus
 from taskmill.errors import ConfigurationError
 from taskmill.storage import HandlerRegistration
@@ -42,6 +38,7 @@ from taskmill_http.allowlist import DEFAULT_HANDLER_HOSTS
 from taskmill_http.settings import ServiceSettings
 
 from tests.http_support import TOKENS, loopback_socket, serve, wait_for
+from tests.receiver_fixtures import Receiver
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -50,43 +47,6 @@ TASKMILL = [sys.executable, "-c", "import sys; from taskmill.cli import main; sy
 
 
 # -- the pieces ---------------------------------------------------------------------------
-
-
-class Receiver:
-    """A real HTTP receiver on loopback that records what reaches it."""
-
-    def __init__(self) -> None:
-        self.requests: list[dict[str, Any]] = []
-        self.base = ""
-
-    @property
-    def port(self) -> int:
-        return int(self.base.rsplit(":", 1)[1])
-
-    def app(self) -> Starlette:
-        async def run(request: Request) -> Response:
-            body = await request.json()
-            self.requests.append({"host": request.headers["host"], "task": body["task"]})
-            return JSONResponse({"ran": body["task"]["id"]})
-
-        async def redirect(request: Request) -> Response:
-            self.requests.append({"host": request.headers["host"], "redirected": True})
-            return RedirectResponse("http://169.254.169.254/latest/meta-data/", 302)
-
-        return Starlette(
-            routes=[
-                Route("/run", run, methods=["POST"]),
-                Route("/moved", redirect, methods=["POST"]),
-            ]
-        )
-
-
-@pytest.fixture
-async def receiver() -> AsyncIterator[Receiver]:
-    found = Receiver()
-    async with serve(found.app()) as base:
-        found.base = base
-        yield found
 
 
 class ScriptedResolver:

@@ -5,53 +5,18 @@ records one. Real HTTP receivers on loopback, on SQLite."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 from taskmill import Taskmill, TaskStatus
 from taskmill_http import HttpHandler
 
-from tests.http_support import serve
+from tests.receiver_fixtures import Receiver
 from tests.test_otel import Recorder, instrumented
 
 pytestmark = pytest.mark.timeout(60)
 TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-
-
-class Receiver:
-    """Records the trace headers of every request it answers."""
-
-    def __init__(self) -> None:
-        self.seen: list[dict[str, str]] = []
-        self.base = ""
-
-    def app(self) -> Starlette:
-        async def run(request: Request) -> Response:
-            await request.body()
-            self.seen.append(
-                {
-                    name: request.headers[name]
-                    for name in ("traceparent", "tracestate", "baggage")
-                    if name in request.headers
-                }
-            )
-            return JSONResponse(None)
-
-        return Starlette(routes=[Route("/run", run, methods=["POST"])])
-
-
-@pytest.fixture
-async def receiver() -> AsyncIterator[Receiver]:
-    found = Receiver()
-    async with serve(found.app()) as base:
-        found.base = base
-        yield found
 
 
 async def run_one(tm: Taskmill, task_type: str = "job", **enqueue: Any) -> str:
@@ -74,7 +39,7 @@ async def test_the_stored_trace_context_reaches_the_receiver(
         own = HttpHandler(f"{receiver.base}/run", headers={"TraceParent": "mine"})
         tm.register("own", own)
         await run_one(tm, "own", headers={"traceparent": TRACE})
-    assert receiver.seen == [
+    assert [r["trace"] for r in receiver.requests] == [
         {"traceparent": TRACE, "tracestate": "vendor=1"},
         {},
         {"traceparent": "mine"},
@@ -94,7 +59,7 @@ async def test_with_taskmill_otel_the_receiver_is_a_child_of_the_process_span(
         otel.shutdown()
     context = process.get_span_context()
     assert context is not None
-    (sent,) = receiver.seen
-    _, trace_id, parent_id, _ = sent["traceparent"].split("-")
+    (sent,) = receiver.requests
+    _, trace_id, parent_id, _ = sent["trace"]["traceparent"].split("-")
     assert trace_id == f"{context.trace_id:032x}" == TRACE.split("-")[1]
     assert parent_id == f"{context.span_id:016x}"
