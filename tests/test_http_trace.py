@@ -63,3 +63,18 @@ async def test_with_taskmill_otel_the_receiver_is_a_child_of_the_process_span(
     _, trace_id, parent_id, _ = sent["trace"]["traceparent"].split("-")
     assert trace_id == f"{context.trace_id:032x}" == TRACE.split("-")[1]
     assert parent_id == f"{context.span_id:016x}"
+
+
+async def test_a_stored_value_that_is_no_header_is_left_out_and_the_task_still_runs(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    async with Taskmill(f"sqlite:///{tmp_path / 'tasks.db'}", plugins=False) as tm:
+        tm.register("job", HttpHandler(f"{receiver.base}/run"))
+        task_id = await run_one(
+            tm, headers={"traceparent": TRACE, "tracestate": "a\r\nX-Injected: 1", "baggage": "é€"}
+        )
+        stored = await tm.get(task_id)
+    assert [r["trace"] for r in receiver.requests] == [{"traceparent": TRACE}]
+    assert stored is not None and stored.status is TaskStatus.COMPLETED
+    # What was stored is kept as it was given.
+    assert stored.params["taskmill.headers"]["tracestate"] == "a\r\nX-Injected: 1"
