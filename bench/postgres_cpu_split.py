@@ -36,9 +36,7 @@ from typing import Any
 import asyncpg
 import harness
 from harness import PostgresSchemas, Recorder, load_1min, now_iso
-from references import noop
-from taskmill import Taskmill
-from throughput import Setting, enqueue_all
+from throughput import Setting, enqueue_all, open_taskmill
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -114,8 +112,7 @@ async def one_run(
 ) -> dict[str, Any]:
     schemas = PostgresSchemas(url, "bench_split")
     run_url, schema = schemas.url()
-    tm = Taskmill(run_url, plugins=False, auto_migrate=True)
-    tm.register("noop", noop)
+    tm = open_taskmill(run_url, "noop", setting.batch)
     try:
         async with tm:
             await enqueue_all(tm, "noop", tasks, 1000)
@@ -175,7 +172,7 @@ async def main() -> None:
             await admin.fetchval(
                 "SELECT count(*) FROM pg_extension WHERE extname = 'pg_stat_statements'"
             )
-        )
+        ) and "pg_stat_statements" in str(await admin.fetchval("SHOW shared_preload_libraries"))
         clock = ServerClock(data_directory)
         clock.begin()  # fails here, before any run, if the server is not readable
         runs: dict[str, list[dict[str, Any]]] = {s.label: [] for s in settings}

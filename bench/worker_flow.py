@@ -27,9 +27,7 @@ from typing import Any
 
 import harness
 from harness import PostgresSchemas, Recorder, load_1min, now_iso
-from references import noop
-from taskmill import Taskmill
-from throughput import Setting, enqueue_all
+from throughput import Setting, enqueue_all, open_taskmill
 
 
 def _cpu_ticks() -> tuple[int, int]:
@@ -48,8 +46,7 @@ async def one_run(url: str, tasks: int, setting: Setting) -> dict[str, Any]:
         run_url, schema = schemas.url()
     elif url == "sqlite://":
         run_url = f"sqlite:///{tempfile.mkdtemp(prefix='taskmill-flow-')}/tasks.db"
-    tm = Taskmill(run_url, plugins=False, auto_migrate=True)
-    tm.register("noop", noop)
+    tm = open_taskmill(run_url, "noop", setting.batch)
     spans: dict[str, list[tuple[float, float, int]]] = {"claim": [], "finish": []}
     try:
         async with tm:

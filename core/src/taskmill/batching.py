@@ -30,7 +30,7 @@ from taskmill.registry import BatchHandlerFunc, Handler
 from taskmill.storage import HandlerKey
 from taskmill.waiting import within
 
-__all__ = ["Batcher"]
+__all__ = ["Batcher", "check_outcomes", "invoke"]
 
 
 class _Batch:
@@ -115,17 +115,7 @@ class Batcher:
     async def _call(self, handler: Handler, batch: _Batch) -> None:
         members, futures = list(batch.members), list(batch.futures)
         try:
-            outcomes = await _invoke(handler, members)
-            if isinstance(outcomes, str | bytes) or not isinstance(outcomes, Sequence):
-                raise TypeError(
-                    f"batch handler {handler.task_type!r} returned {type(outcomes).__name__}"
-                    f" instead of a list of {len(members)} outcomes, one per task"
-                )
-            if len(outcomes) != len(members):
-                raise TypeError(
-                    f"batch handler {handler.task_type!r} returned {len(outcomes)} outcomes"
-                    f" for {len(members)} tasks; return one per task, in order"
-                )
+            outcomes = check_outcomes(handler, await invoke(handler, members), len(members))
         except asyncio.CancelledError:
             for future in futures:
                 if not future.done():
@@ -156,7 +146,23 @@ class Batcher:
             await asyncio.gather(*running, return_exceptions=True)
 
 
-async def _invoke(handler: Handler, members: list[Context]) -> Any:
+def check_outcomes(handler: Handler, outcomes: Any, members: int) -> Sequence[Any]:
+    """``outcomes`` if it is one outcome per member; raises TypeError (failing every
+    member) otherwise."""
+    if isinstance(outcomes, str | bytes) or not isinstance(outcomes, Sequence):
+        raise TypeError(
+            f"batch handler {handler.task_type!r} returned {type(outcomes).__name__}"
+            f" instead of a list of {members} outcomes, one per task"
+        )
+    if len(outcomes) != members:
+        raise TypeError(
+            f"batch handler {handler.task_type!r} returned {len(outcomes)} outcomes"
+            f" for {members} tasks; return one per task, in order"
+        )
+    return outcomes
+
+
+async def invoke(handler: Handler, members: list[Context]) -> Any:
     """Call the batch handler on the loop (``async def``) or a handler thread."""
     func = cast(BatchHandlerFunc, handler.func)
     timeout = handler.timeout

@@ -132,22 +132,48 @@ class AttemptRunner:
 
     async def run(self, execution: Execution) -> None:
         """Run ``execution``'s handler and settle its outcome."""
+        try:
+            plugins = self._plugins
+            if plugins.intercepts_handlers:  # started hooks, handler contexts
+                result = await plugins.run_handler(
+                    execution.task,
+                    execution.ctx,
+                    self._worker_id,
+                    functools.partial(self._call_handler, execution),
+                )
+            else:
+                result = await self._call_handler(execution)
+        except Detached as exc:
+            await self.hand_over(execution, exc)
+            return
+        except (Cancelled, asyncio.CancelledError) as exc:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling() > 0:
+                if execution.ctx.cancel_reason is None and isinstance(exc, asyncio.CancelledError):
+                    # The loop itself is going down: not the task's outcome.
+                    self._free(execution)
+                    raise
+                current.uncancel()
+            self.settle(execution, None, exc)
+            return
+        except Exception as exc:
+            self.settle(execution, None, exc)
+            return
+        self.settle(execution, result, None)
+
+    def settle(self, execution: Execution, result: Any, failure: BaseException | None) -> None:
+        """Turn the handler's return (``failure`` None) or exception into the attempt's
+        ``Finish``, hand it to the finish writer (unless the execution was abandoned)
+        and free the slot."""
         task, ctx = execution.task, execution.ctx
         kind, outcome = FinishKind.COMPLETE, AttemptOutcome.COMPLETED
         result_json: str | None = None
         error: str | None = None
         retry_delay: float | None = None
-        failure: BaseException | None = None
+        logged: BaseException | None = None  # an unexpected exception, logged with its trace
         where: str | None = None  # the traceback excerpt of an unexpected exception
         stopped_for: CancelReason | None = None  # why a Cancelled ended it
-        try:
-            plugins = self._plugins
-            if plugins.intercepts_handlers:  # started hooks, handler contexts
-                result = await plugins.run_handler(
-                    task, ctx, self._worker_id, functools.partial(self._call_handler, execution)
-                )
-            else:
-                result = await self._call_handler(execution)
+        if failure is None:
             try:
                 result_json = _NULL if result is None else dumps(result)
             except (TypeError, ValueError) as exc:
@@ -157,49 +183,33 @@ class AttemptRunner:
                 error = self._oversize_result(result_json)
                 if error is not None:
                     kind, outcome, result_json = FinishKind.FAIL, AttemptOutcome.FAILED, None
-        except Detached as exc:
-            await self._hand_over(execution, exc)
-            return
-        except Retry as exc:
-            kind, outcome, error, retry_delay = (
-                FinishKind.RETRY,
-                AttemptOutcome.FAILED,
-                str(exc),
-                exc.delay,
-            )
-        except Fail as exc:
-            kind, outcome, error = FinishKind.FAIL, AttemptOutcome.FAILED, str(exc)
-        except (Cancelled, asyncio.CancelledError) as exc:
+        elif isinstance(failure, Retry):
+            kind, outcome, error = FinishKind.RETRY, AttemptOutcome.FAILED, str(failure)
+            retry_delay = failure.delay
+        elif isinstance(failure, Fail):
+            kind, outcome, error = FinishKind.FAIL, AttemptOutcome.FAILED, str(failure)
+        elif isinstance(failure, Cancelled | asyncio.CancelledError):
             reason = ctx.cancel_reason
-            if reason is None and isinstance(exc, ErrbackSkipped):
+            if reason is None and isinstance(failure, ErrbackSkipped):
                 reason = CancelReason.PREEMPTED  # its canvas did not fail (docs/canvas.md)
-            current = asyncio.current_task()
-            external = current is not None and current.cancelling() > 0
-            if reason is None and isinstance(exc, asyncio.CancelledError):
-                if external:  # the loop itself is going down: not the task's outcome
-                    self._free(execution)
-                    raise
-                reason = CancelReason.USER  # the handler raised CancelledError itself
             elif reason is None:
-                reason = CancelReason.USER
-            if external and current is not None:
-                current.uncancel()
+                reason = CancelReason.USER  # the handler raised it itself
             stopped_for = reason
             if reason.terminal:
                 kind, outcome = FinishKind.CANCEL, AttemptOutcome.CANCELLED
             else:
                 kind, outcome = FinishKind.RELEASE, AttemptOutcome.INTERRUPTED
             error = f"cancelled ({reason.value})"
-        except TimeoutError as exc:
+        elif isinstance(failure, TimeoutError):
             timeout = execution.handler.timeout
             kind, outcome = FinishKind.RETRY, AttemptOutcome.TIMED_OUT
-            error = f"timed out after {timeout} s" if timeout else f"TimeoutError: {exc}"
-        except Exception as exc:
+            error = f"timed out after {timeout} s" if timeout else f"TimeoutError: {failure}"
+        else:
             kind, outcome = FinishKind.RETRY, AttemptOutcome.FAILED
-            error = f"{type(exc).__name__}: {exc}"
-            failure = exc
-            if not isinstance(exc, TaskmillError):  # taskmill's own frames say nothing
-                where = tracebacks.excerpt(exc)
+            error = f"{type(failure).__name__}: {failure}"
+            logged = failure
+            if not isinstance(failure, TaskmillError):  # taskmill's own frames say nothing
+                where = tracebacks.excerpt(failure)
         interrupted = ctx.cancel_reason
         if interrupted is not None and not interrupted.terminal:
             # A handler that turned SHUTDOWN/SUSPENDED into another error is still
@@ -218,7 +228,7 @@ class AttemptRunner:
             if kind is FinishKind.RETRY:
                 retry_delay = decision.retry_in
         if outcome in _FAILED_OUTCOMES:
-            log_failed_attempt(task, outcome, kind, error, retry_delay, failure)
+            log_failed_attempt(task, outcome, kind, error, retry_delay, logged)
         progress, data = execution.control.final_state()
         finish = Finish(
             lease=execution.lease,
@@ -291,7 +301,7 @@ class AttemptRunner:
             " elsewhere and return a reference"
         )
 
-    async def _hand_over(self, execution: Execution, detached: Detached) -> None:
+    async def hand_over(self, execution: Execution, detached: Detached) -> None:
         """The handler gave its attempt to another owner: free the slot at once, and
         from now on write nothing for the attempt (no outcome, no progress, no lease
         renewal), so the task stays RUNNING under its lease until the new owner

@@ -18,7 +18,9 @@ from datetime import datetime
 
 from taskmill.attempt_hooks import AttemptHooks
 from taskmill.backoff import RetryPolicy
+from taskmill.batch_calls import BatchCalls
 from taskmill.batching import Batcher
+from taskmill.canvas import CANVAS_KEY
 from taskmill.context import Context, Spawner
 from taskmill.errors import log_retried_failure
 from taskmill.execution import AttemptRunner, Execution, cancel_soon
@@ -88,17 +90,20 @@ class Slots:
         self.started = 0
         """Attempts started so far (the pace ``prefetch`` auto follows)."""
         self._queue_seq = itertools.count()
+        batcher = Batcher(self._general)
         self.runner = AttemptRunner(
             worker_id=worker_id,
             storage=storage,
             plugins=plugins,
             retry_policy=retry_policy,
             retention=retention,
-            batcher=Batcher(self._general),
+            batcher=batcher,
             finished=finished,
             free=self.free,
         )
         self._run = self.runner.run
+        self._plugins = plugins
+        self._batch_calls = BatchCalls(self.runner, batcher.size)
 
     def leases(self) -> Iterator[Lease]:
         """The leases of every running attempt not abandoned, then of every prefetched
@@ -153,6 +158,15 @@ class Slots:
             self.running_normal += 1
         if not counted:
             self.per_key[key] = self.per_key.get(key, 0) + 1
+        if (
+            handler.batch is not None
+            and not self._plugins.intercepts_handlers
+            and CANVAS_KEY not in task.params
+        ):
+            # One task runs the whole batch (taskmill.batch_calls); the general path
+            # (a task per member) is for plugins wrapping each call and canvas members.
+            execution.future = self._batch_calls.join(execution)
+            return
         future = execution.future = asyncio.create_task(self._run(execution))
         if handler.is_async:
             # Bound to the future, not the execution: no reference cycle outlives the
@@ -169,6 +183,12 @@ class Slots:
         if self.queued:
             self.start_queued()
         self._wake()
+
+    async def close_batches(self) -> None:
+        """Cancel the batch calls still gathering or running (the worker is going down;
+        their members were given back)."""
+        await self._batch_calls.close()
+        await self.runner.batcher.close()
 
     def enqueue_local(self, task: Task) -> None:
         """Put a claimed task in the local queue (counted against its handler)."""

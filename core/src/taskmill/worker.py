@@ -620,7 +620,7 @@ class Worker(Generic[HostT]):
                     execution.task,
                 )
                 slots.free(execution)
-        await slots.runner.batcher.close()  # batch calls whose members all left
+        await slots.close_batches()  # batch calls whose members all left
         # Outcomes that cannot be written (database down) are retried for a while, then
         # left to lease expiry: stop() must return.
         flush_for = min(30.0, max(5.0, self._current_grace()))
