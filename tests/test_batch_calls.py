@@ -7,10 +7,13 @@ wrap every handler call."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
+import weakref
 from typing import Any
 
+import pytest
 from taskmill import (
     BatchOptions,
     CancelReason,
@@ -217,3 +220,25 @@ async def test_a_plugin_wrapping_each_call_sees_every_member_of_a_batch(tm: Task
     assert sizes == [4]
     assert sorted(started) == sorted(t.id for t in tasks)
     assert {await _status(tm, t.id) for t in tasks} == {TaskStatus.COMPLETED}
+
+
+@pytest.mark.parametrize("backend_url", ["memory"], indirect=True)
+async def test_a_finished_batch_leaves_no_reference_cycle_behind(tm: Taskmill):
+    """Each member's context is freed as its batch ends, not later by the collector
+    (a cycle through the members' cancel callbacks would keep them for a GC pass)."""
+    contexts: list[weakref.ref[Context]] = []
+
+    @tm.handler("free", batch=BatchOptions(max_size=10, max_wait=5))
+    async def free(batch: list[Context]) -> list[None]:
+        contexts.extend(weakref.ref(ctx) for ctx in batch)
+        return [None] * len(batch)
+
+    await tm.enqueue_many([{"task_type": "free"} for _ in range(10)])
+    gc.collect()
+    gc.disable()
+    try:
+        await tm.worker(concurrency=10, **OPTIONS).run_until_idle()
+        assert len(contexts) == 10
+        assert [ref() for ref in contexts] == [None] * 10
+    finally:
+        gc.enable()

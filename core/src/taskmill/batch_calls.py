@@ -76,7 +76,10 @@ class BatchCalls:
         call.members.append(execution)
         call.pending[execution.task.id] = execution
         # From any thread (a handler thread cancels too); applied on the loop.
-        execution.control.on_cancel(functools.partial(self._leave_soon, loop, key, call, execution))
+        # By task id: no reference cycle through the execution outlives the batch.
+        execution.control.on_cancel(
+            functools.partial(self._leave_soon, loop, key, call, execution.task.id)
+        )
         if len(call.members) >= self._size(handler):
             self._start(key, call)
         return call.task
@@ -92,14 +95,15 @@ class BatchCalls:
             call.ready.set_result(None)
 
     def _leave_soon(
-        self, loop: asyncio.AbstractEventLoop, key: HandlerKey, call: _Call, execution: Execution
+        self, loop: asyncio.AbstractEventLoop, key: HandlerKey, call: _Call, task_id: str
     ) -> None:
-        loop.call_soon_threadsafe(self._leave, key, call, execution)
+        loop.call_soon_threadsafe(self._leave, key, call, task_id)
 
-    def _leave(self, key: HandlerKey, call: _Call, execution: Execution) -> None:
+    def _leave(self, key: HandlerKey, call: _Call, task_id: str) -> None:
         """A member was interrupted (cancelled, suspended, the worker stopping, its
         lease lost): it ends now; the call goes on for the others."""
-        if call.pending.pop(execution.task.id, None) is None:
+        execution = call.pending.pop(task_id, None)
+        if execution is None:
             return  # settled already
         if not call.called:
             call.members.remove(execution)
