@@ -28,7 +28,12 @@ from taskmill.model import (
     TaskSpec,
     TaskStatus,
 )
-from taskmill.operations import AppTasks, TaskOperations, unserved_type_message
+from taskmill.operations import (
+    AppTasks,
+    TaskOperations,
+    new_task_from_values,
+    unserved_type_message,
+)
 from taskmill.periodic import (
     DEFAULT_CATCH_UP,
     DEFAULT_CATCH_UP_WINDOW,
@@ -486,64 +491,68 @@ class Taskmill(TaskOperations):
         :raises UnknownTaskType: ``strict_types`` is set and no handler registered here
             serves the task type.
         """
-        check_key("task_type", spec.task_type, TASK_TYPE_MAX, empty=False)
-        if spec.app_id is not None:
-            check_key("app_id", spec.app_id, APP_ID_MAX)
-        if spec.dedupe_key is not None:
-            check_key("dedupe_key", spec.dedupe_key, DEDUPE_KEY_MAX)
-        if spec.user_id is not None:
-            check_key("user_id", spec.user_id, USER_ID_MAX)
-        if spec.parent_id is not None:
-            check_key("parent_id", spec.parent_id, TASK_ID_MAX)
+        task_type, app_id = spec.task_type, spec.app_id
+        dedupe_key, parent_id, user_id = spec.dedupe_key, spec.parent_id, spec.user_id
+        check_key("task_type", task_type, TASK_TYPE_MAX, empty=False)
+        if app_id is not None:
+            check_key("app_id", app_id, APP_ID_MAX)
+        if dedupe_key is not None:
+            check_key("dedupe_key", dedupe_key, DEDUPE_KEY_MAX)
+        if user_id is not None:
+            check_key("user_id", user_id, USER_ID_MAX)
+        if parent_id is not None:
+            check_key("parent_id", parent_id, TASK_ID_MAX)
         if task_id is not None:
             check_key("id", task_id, TASK_ID_MAX, empty=False)
         for one in spec.after:
             check_key("after", one, TASK_ID_MAX)
         priority = check_int("priority", spec.priority, PRIORITY_MIN, PRIORITY_MAX)
         params = {} if spec.params is None else spec.params
+        storage = self.storage
         max_bytes, limit_of = self.max_params_bytes, "max_params_bytes"
-        ceiling = self.storage.capabilities.max_value_bytes
+        ceiling = storage.capabilities.max_value_bytes
         if ceiling is not None and ceiling < max_bytes:
             max_bytes = ceiling
-            limit_of = f"the most {type(self.storage).__name__} keeps in one value"
+            limit_of = f"the most {type(storage).__name__} keeps in one value"
         params_json = encode_params(params, max_bytes=max_bytes, limit_of=limit_of)
-        if spec.run_at is not None and spec.delay is not None:
+        run_at, delay = spec.run_at, spec.delay
+        if run_at is not None and delay is not None:
             raise InvalidTaskSpec("give run_at or delay, not both", field="delay")
-        run_at = None
-        if spec.run_at is not None:
-            run_at = check_run_at(spec.run_at)
-        elif spec.delay is not None:
-            run_at = check_delay(spec.delay, utcnow())
+        if run_at is not None:
+            run_at = check_run_at(run_at)
+        elif delay is not None:
+            run_at = check_delay(delay, utcnow())
         max_retries = spec.max_retries
-        handler = self.registry.lookup(spec.app_id, spec.task_type)
+        handler = self.registry.lookup(app_id, task_type)
         if handler is None and self.strict_types:
-            raise UnknownTaskType(unserved_type_message(self.registry, spec.app_id, spec.task_type))
+            raise UnknownTaskType(unserved_type_message(self.registry, app_id, task_type))
         if max_retries is None:
             max_retries = handler.max_retries if handler is not None else None
         if max_retries is None:
             max_retries = self.default_max_retries
         max_retries = check_int("max_retries", max_retries, 0, MAX_RETRIES_MAX)
         after = _dependencies(spec)
-        if after and not self.storage.capabilities.dependencies:
+        if after and not storage.capabilities.dependencies:
             raise InvalidTaskSpec(
                 f"after= needs a store that keeps task dependencies, and"
-                f" {type(self.storage).__name__} does not (docs/backends.md lists each"
+                f" {type(storage).__name__} does not (docs/backends.md lists each"
                 " backend's gaps); chain the tasks from the handler instead"
             )
-        return NewTask(
-            id=str(uuid.uuid4()) if task_id is None else task_id,
-            task_type=spec.task_type,
-            params=params,
-            params_json=params_json,
-            app_id=spec.app_id,
-            priority=priority,
-            max_retries=max_retries,
-            run_at=run_at,
-            dedupe_key=spec.dedupe_key,
-            parent_id=spec.parent_id,
-            user_id=spec.user_id,
-            after=after,
-            after_always=spec.after_policy == "always",
+        # NewTask(id=..., task_type=..., ...) without the attrs __init__: the same object.
+        return new_task_from_values(
+            str(uuid.uuid4()) if task_id is None else task_id,
+            task_type,
+            params,
+            params_json,
+            app_id,
+            priority,
+            max_retries,
+            run_at,
+            dedupe_key,
+            parent_id,
+            user_id,
+            after,
+            spec.after_policy == "always",
         )
 
     def for_app(self, app_id: str) -> AppTasks:

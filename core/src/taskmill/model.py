@@ -11,13 +11,15 @@ import operator
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, TypeAlias, TypeVar
 
 import attrs
 
 from taskmill import filters
 from taskmill.errors import InvalidTaskSpec
 from taskmill.validation import check_key
+
+_Slotted = TypeVar("_Slotted")
 
 JSON: TypeAlias = Any
 """A JSON value: dict, list, str, int, float, bool or None."""
@@ -176,23 +178,48 @@ _TIMESTAMPS = frozenset(a.name for a in attrs.fields(Task) if a.validator is not
 """The fields ``Task`` checks when it is built (timezone-aware datetimes or None)."""
 
 
-def _task_builder() -> Callable[..., Task]:
-    # One straight-line function storing each field through its slot's descriptor, as
-    # attrs generates ``__init__``, without the checks and the per-field attribute
-    # lookup of ``object.__setattr__``: a third less time per snapshot.
-    namespace: dict[str, Any] = {"_new": object.__new__, "Task": Task}
-    for name in _TASK_FIELDS:
-        namespace[f"_set_{name}"] = Task.__dict__[name].__set__
-    body = "".join(f"    _set_{name}(task, {name})\n" for name in _TASK_FIELDS)
-    source = (
-        f"def build({', '.join(_TASK_FIELDS)}):\n    task = _new(Task)\n{body}    return task\n"
-    )
+def slot_builder(cls: type[_Slotted], *, keywords: bool = False) -> Callable[..., _Slotted]:
+    """``cls(...)`` for an attrs class with slots, as one straight-line function that
+    stores each field through its slot's descriptor, as attrs generates ``__init__``,
+    without the validators and the per-field attribute lookup of ``object.__setattr__``
+    (a third to a half less time).
+
+    Without ``keywords``: every field, positionally in the field order of ``cls``, as
+    given (no converter runs), for values already checked. With ``keywords``: the
+    parameters, defaults and converters of ``cls``'s ``__init__``, converters called in
+    field order, a converter skipped only where its field keeps a default the converter
+    returns unchanged; ``cls``'s converters must be functions of the value alone and it
+    may have no validator and no factory default.
+    """
+    namespace: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
+    parameters: list[str] = []
+    body: list[str] = []
+    for field in attrs.fields(cls):  # type: ignore[arg-type]
+        name = field.name
+        namespace[f"_set_{name}"] = cls.__dict__[name].__set__
+        value = name
+        parameters.append(name)
+        if keywords:
+            if isinstance(field.default, attrs.Factory) or field.validator is not None:  # type: ignore[arg-type]
+                raise TypeError(f"{cls.__name__}.{name}: needs the attrs __init__")
+            if field.default is not attrs.NOTHING:
+                namespace[f"_default_{name}"] = field.default
+                parameters[-1] = f"{name}=_default_{name}"
+            convert: Any = field.converter
+            if convert is not None:
+                namespace[f"_convert_{name}"] = convert
+                value = f"_convert_{name}({name})"
+                if field.default is not attrs.NOTHING and convert(field.default) is field.default:
+                    value = f"{name} if {name} is _default_{name} else {value}"
+        body.append(f"    _set_{name}(obj, {value})\n")
+    head = f"def build({', '.join(parameters)}):\n    obj = _new(_cls)\n"
+    source = f"{head}{''.join(body)}    return obj\n"
     exec(source, namespace)
-    build: Callable[..., Task] = namespace["build"]
+    build: Callable[..., _Slotted] = namespace["build"]
     return build
 
 
-task_from_values: Final[Callable[..., Task]] = _task_builder()
+task_from_values: Final[Callable[..., Task]] = slot_builder(Task)
 """``Task(*values)`` for values already checked: every field, positionally in the
 field order of ``Task``, timestamps timezone-aware. For stores building snapshots from
 their rows or from another snapshot; it checks nothing."""
@@ -371,7 +398,8 @@ class TaskSpec:
         """Accept a ``TaskSpec`` or a dict of ``enqueue``'s keyword arguments."""
         if isinstance(value, TaskSpec):
             return value
-        if not isinstance(value, Mapping):
+        plain = type(value) is dict  # the common case; a Mapping's ABC check costs more
+        if not plain and not isinstance(value, Mapping):
             raise InvalidTaskSpec(
                 f"a task spec is a TaskSpec or a dict, not {type(value).__name__}"
             )
@@ -381,6 +409,8 @@ class TaskSpec:
         if "task_type" not in value:
             raise InvalidTaskSpec("a task spec needs a 'task_type'")
         try:
+            if plain and cls is TaskSpec:
+                return _spec_from_fields(**value)
             return cls(**value)
         except InvalidTaskSpec:
             raise  # it names its field
@@ -389,6 +419,11 @@ class TaskSpec:
 
 
 _SPEC_FIELDS: frozenset[str] = frozenset(attrs.fields_dict(TaskSpec))
+
+
+_spec_from_fields: Final[Callable[..., TaskSpec]] = slot_builder(TaskSpec, keywords=True)
+"""``TaskSpec(**fields)``, faster; for :meth:`TaskSpec.from_value`, which has checked
+that ``fields`` is a dict of known field names that includes ``task_type``."""
 
 
 @attrs.frozen

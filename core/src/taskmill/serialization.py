@@ -85,6 +85,20 @@ _make_c_encoder: Final[Callable[..., Callable[[Any, int], Any]] | None] = getatt
 )
 
 
+_SCALARS: Final = frozenset({str, int, float, bool, type(None)})
+_FLAT_MAX: Final = 8
+# The C encoder of dumps without a circular-reference memo (markers None): for a dict
+# whose values are all scalars, which cannot hold a reference to a container. It keeps no
+# state, so one serves every call and thread.
+_encode_flat: Final = (
+    None
+    if _make_c_encoder is None
+    else _make_c_encoder(
+        None, _ENCODER.default, json.encoder.encode_basestring, None, ":", ",", False, False, False
+    )
+)
+
+
 def dumps(value: JSON) -> str:
     """Compact JSON text; rejects NaN/Infinity and anything not JSON.
 
@@ -92,6 +106,14 @@ def dumps(value: JSON) -> str:
     """
     if _make_c_encoder is None:
         return _ENCODER.encode(value)
+    if _encode_flat is not None and type(value) is dict and len(value) <= _FLAT_MAX:
+        # The common task params: a few scalars (exact types: no Python code runs while
+        # encoding them). Without a memo to make and fill, the same text or error.
+        for one in value.values():
+            if type(one) not in _SCALARS:
+                break
+        else:
+            return "".join(_encode_flat(value, 0))
     # What _ENCODER.encode does, without its two Python frames: a C encoder with a
     # fresh circular-reference memo (the same options), called directly.
     encode = _make_c_encoder(
@@ -174,13 +196,17 @@ def encode_params(params: Any, *, max_bytes: int, limit_of: str = "max_params_by
             f"task params must be JSON-serializable: {exc}. Pass plain dicts, lists, "
             "strings, numbers, booleans and None (convert datetimes, sets, objects first)"
         ) from None
-    if text.count("{") + text.count("[") > MAX_PARAMS_DEPTH and _depth(params) > MAX_PARAMS_DEPTH:
+    if (
+        len(text) > MAX_PARAMS_DEPTH  # else fewer braces and brackets than that
+        and text.count("{") + text.count("[") > MAX_PARAMS_DEPTH
+        and _depth(params) > MAX_PARAMS_DEPTH
+    ):
         raise InvalidParams(
             f"task params nest more than {MAX_PARAMS_DEPTH} levels of objects and lists "
             "(a stored task must be readable by every backend and JSON decoder); flatten them"
         )
     try:
-        size = len(text.encode())
+        size = len(text) if text.isascii() else len(text.encode())  # ASCII: a byte each
     except UnicodeEncodeError as exc:
         raise InvalidParams(
             f"task params must be valid Unicode text: {exc.object[exc.start : exc.end]!r} "
