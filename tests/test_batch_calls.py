@@ -7,10 +7,12 @@ wrap every handler call."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ from taskmill import (
     CancelReason,
     Context,
     Detached,
+    Task,
     Taskmill,
     TaskStatus,
     hookimpl,
@@ -36,6 +39,10 @@ OPTIONS: dict[str, Any] = {
 async def _status(tm: Taskmill, task_id: str) -> TaskStatus | None:
     stored = await tm.get(task_id)
     return None if stored is None else stored.status
+
+
+async def _all_running(tm: Taskmill, tasks: Sequence[Task]) -> bool:
+    return {await _status(tm, t.id) for t in tasks} == {TaskStatus.RUNNING}
 
 
 async def test_a_running_batch_is_one_asyncio_task_not_one_per_member(tm: Taskmill):
@@ -83,10 +90,7 @@ async def test_a_member_cancelled_while_the_batch_gathers_is_left_out_of_the_cal
     worker = tm.worker(concurrency=3, **OPTIONS)
     running = asyncio.create_task(worker.run_until_idle())
 
-    async def both_running() -> bool:
-        return {await _status(tm, a.id), await _status(tm, b.id)} == {TaskStatus.RUNNING}
-
-    await wait_until(both_running, timeout=20)
+    await wait_until(functools.partial(_all_running, tm, [a, b]), timeout=20)
     assert calls == []  # still gathering: two of three, max_wait not over
     await tm.cancel(b.id, reason=CancelReason.USER)
     await running
@@ -109,10 +113,7 @@ async def test_a_batch_every_member_left_before_its_call_is_never_called(tm: Tas
     worker = tm.worker(concurrency=5, **OPTIONS)
     running = asyncio.create_task(worker.run_until_idle())
 
-    async def all_running() -> bool:
-        return {await _status(tm, t.id) for t in tasks} == {TaskStatus.RUNNING}
-
-    await wait_until(all_running, timeout=20)
+    await wait_until(functools.partial(_all_running, tm, tasks), timeout=20)
     started = time.monotonic()
     for task in tasks:
         await tm.cancel(task.id, reason=CancelReason.USER)
@@ -137,11 +138,7 @@ async def test_a_member_of_a_thread_batch_leaves_when_cancelled(tm: Taskmill):
     worker = tm.worker(concurrency=3, **OPTIONS)
     running = asyncio.create_task(worker.run_until_idle())
     try:
-
-        async def all_running() -> bool:
-            return {await _status(tm, t.id) for t in (a, b, c)} == {TaskStatus.RUNNING}
-
-        await wait_until(all_running, timeout=20)
+        await wait_until(functools.partial(_all_running, tm, [a, b, c]), timeout=20)
         await tm.cancel(b.id, reason=CancelReason.USER)
 
         # b's attempt ends while the thread still runs: its slot is free again.

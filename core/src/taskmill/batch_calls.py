@@ -26,6 +26,7 @@ from taskmill.execution import AttemptRunner, Execution
 from taskmill.model import CancelReason
 from taskmill.registry import Handler
 from taskmill.storage import HandlerKey
+from taskmill.waiting import cancel_and_wait
 
 __all__ = ["BatchCalls"]
 
@@ -160,8 +161,4 @@ class BatchCalls:
         their members were given back)."""
         for key, call in list(self._open.items()):
             self._start(key, call)
-        running = list(self._running)
-        for task in running:
-            task.cancel()
-        if running:
-            await asyncio.gather(*running, return_exceptions=True)
+        await cancel_and_wait(list(self._running))

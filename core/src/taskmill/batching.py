@@ -28,7 +28,7 @@ from taskmill.context import Context
 from taskmill.handler_threads import run_in_thread
 from taskmill.registry import BatchHandlerFunc, Handler
 from taskmill.storage import HandlerKey
-from taskmill.waiting import within
+from taskmill.waiting import cancel_and_wait, within
 
 __all__ = ["Batcher", "check_outcomes", "invoke"]
 
@@ -139,11 +139,7 @@ class Batcher:
         members were given back)."""
         for key, batch in list(self._open.items()):
             self._close(key, batch)
-        running = list(self._running)
-        for call in running:
-            call.cancel()
-        if running:
-            await asyncio.gather(*running, return_exceptions=True)
+        await cancel_and_wait(list(self._running))
 
 
 def check_outcomes(handler: Handler, outcomes: Any, members: int) -> Sequence[Any]:
