@@ -6,6 +6,7 @@ start and stop; each concern it drives has a module of its own:
 - :mod:`taskmill.claiming`: how much to claim and for which handlers;
 - :mod:`taskmill.slots`: the running attempts and the local queue of prefetched tasks;
 - :mod:`taskmill.execution`: running one attempt to its ``Finish``;
+- :mod:`taskmill.batch_calls` and :mod:`taskmill.batching`: batch handlers' calls;
 - :mod:`taskmill.finish_writer`: writing finished attempts (group commit: whatever
   finished while the previous write was in flight goes in the next one);
 - :mod:`taskmill.leases`: renewing leases, learning of lost ones, rescuing other
