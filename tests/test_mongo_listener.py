@@ -145,6 +145,41 @@ async def test_each_kind_of_write_reports_its_kind(
     assert released.id == dependent.id
 
 
+async def test_streams_opened_during_another_stores_aborted_transaction_still_report(
+    stores: tuple[MongoStorage, MongoStorage],
+):
+    """With ``serializeWrites`` (the nx-27017 stand-in's option), the listener opens its
+    streams under the writer lock. The stand-in installs a collection's change triggers
+    when its first stream opens, inside whatever transaction is open on the database;
+    a stream opened during a transaction that then aborts reported nothing, ever (found
+    as a worker that now and then never heard of an enqueue)."""
+    listening, writing = stores
+    conn = writing._conn
+    if not conn.options.serialize_writes:
+        pytest.skip("a server with isolated transactions (MongoDB) needs no writer lock")
+    db = conn.database()
+    token = await conn.writer_lock.acquire(db)  # as every transaction of a store takes it
+    client = conn.new_client()
+    try:
+        async with client.start_session() as session:
+            await session.start_transaction()
+            await client[db.name].counters.insert_one({"_id": "probe"}, session=session)
+            made = await listening.change_listener()
+            assert isinstance(made, MongoChangeListener)
+            opening = asyncio.create_task(made.wait(WORK, 0))  # opens the WORK streams
+            await asyncio.sleep(0.5)  # without the lock, they open now, in the transaction
+            await session.abort_transaction()
+    finally:
+        await conn.writer_lock.release(db, token)
+        await client.close()
+    try:
+        await asyncio.wait_for(opening, 30)
+        assert made.watching == {"tasks", "suspensions"}
+        assert await reported(made, WORK, lambda: writing.enqueue([new_task()]))
+    finally:
+        await made.close()
+
+
 async def test_a_wait_for_events_opens_only_the_events_stream(
     stores: tuple[MongoStorage, MongoStorage],
 ):

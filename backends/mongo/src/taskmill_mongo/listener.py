@@ -44,7 +44,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Final
 
 from pymongo import AsyncMongoClient
@@ -60,6 +60,7 @@ log = logging.getLogger("taskmill.mongo")
 
 Doc = dict[str, Any]
 NewClient = Callable[[], AsyncMongoClient[Doc]]
+Opening = Callable[[Awaitable[AsyncChangeStream[Doc]]], Awaitable[AsyncChangeStream[Doc]]]
 
 _PENDING: Final = TaskStatus.PENDING.value
 _STOPPABLE: Final = (TaskStatus.RUNNING.value, TaskStatus.CANCELLED.value)
@@ -154,6 +155,12 @@ class MongoChangeListener(ChangeListener):
         nx-27017 stand-in) is asked at most this often per stream. MongoDB waits
         ``max_await``, so this never applies there.
     :param max_backoff: the longest pause between attempts to reopen a stream.
+    :param opening: runs each ``watch`` command. With ``serialize_writes`` the store
+        gives :func:`~taskmill_mongo.transactions.outside_transactions`: the nx-27017
+        stand-in installs a collection's change triggers when its first stream opens,
+        inside whatever transaction is open on its database connection, and a
+        transaction that then aborts takes the triggers with it, leaving that stream
+        and every later one on the collection silent.
     """
 
     def __init__(
@@ -165,8 +172,10 @@ class MongoChangeListener(ChangeListener):
         ping_interval: float = 5.0,
         idle_pause: float = 0.05,
         max_backoff: float = 5.0,
+        opening: Opening | None = None,
     ) -> None:
         self._client = new_client()
+        self._opening = opening
         self.database = database
         self.max_await = max_await
         self.ping_interval = ping_interval
@@ -252,7 +261,7 @@ class MongoChangeListener(ChangeListener):
                     return
                 try:
                     stream = await self._open_stream(name)
-                except PyMongoError as exc:
+                except (PyMongoError, StorageUnavailable) as exc:
                     log.info("opening the change stream on %s failed (%s)", name, exc)
                     stream = None
                 self._streams[name] = asyncio.create_task(
@@ -271,15 +280,25 @@ class MongoChangeListener(ChangeListener):
         wait_ms = int(self.max_await * 1000)
         if token is not None:
             try:
-                return await collection.watch(
-                    pipeline, resume_after=token, max_await_time_ms=wait_ms
+                return await self._opened(
+                    collection.watch(pipeline, resume_after=token, max_await_time_ms=wait_ms)
                 )
             except OperationFailure as exc:
                 if exc.code not in _NOT_RESUMABLE:
                     raise
                 log.warning("change stream on %s cannot resume (%s); starting afresh", name, exc)
                 self._tokens[name] = None
-        return await collection.watch(pipeline, max_await_time_ms=wait_ms)
+        return await self._opened(collection.watch(pipeline, max_await_time_ms=wait_ms))
+
+    async def _opened(
+        self, watch: Coroutine[Any, Any, AsyncChangeStream[Doc]]
+    ) -> AsyncChangeStream[Doc]:
+        if self._opening is None:
+            return await watch
+        try:
+            return await self._opening(watch)
+        finally:
+            watch.close()  # never awaited when the opening failed first
 
     async def _follow(self, name: str, stream: AsyncChangeStream[Doc] | None) -> None:
         """Read ``name``'s stream and wake waiters; reopen it after a failure."""
@@ -288,7 +307,7 @@ class MongoChangeListener(ChangeListener):
             if stream is None:
                 try:
                     stream = await self._open_stream(name)
-                except PyMongoError as exc:
+                except (PyMongoError, StorageUnavailable) as exc:
                     log.info("reopening the change stream on %s failed (%s); retrying", name, exc)
                     await asyncio.sleep(delay)
                     delay = min(self.max_backoff, delay * 2)

@@ -22,6 +22,7 @@ operations of several steps live in the module of their concern:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, Final, Self
@@ -80,6 +81,7 @@ from taskmill_mongo.transactions import (
     Nothing,
     Writes,
     check_transactions,
+    outside_transactions,
     read,
     read_log,
     record,
@@ -184,7 +186,11 @@ class MongoStorage(TaskStorage):
         self._conn.database()
         if not self.capabilities.notifications:
             return None
-        return await MongoChangeListener.open(self._conn.new_client, self.database)
+        conn = self._conn
+        opening = (
+            functools.partial(outside_transactions, conn) if conn.options.serialize_writes else None
+        )
+        return await MongoChangeListener.open(conn.new_client, self.database, opening=opening)
 
     async def migrate(self) -> int:
         conn = self._conn

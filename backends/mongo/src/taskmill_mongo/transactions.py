@@ -65,6 +65,7 @@ __all__ = [
     "Writes",
     "check_transactions",
     "flush",
+    "outside_transactions",
     "read",
     "read_log",
     "record",
@@ -257,19 +258,24 @@ async def read(conn: Connection, work: Coroutine[Any, Any, T]) -> T:
     server shows other clients' uncommitted writes."""
     if not conn.options.serialize_writes:
         return await conn.guard(work)
-    db = conn.database()
-
-    async def locked() -> T:
-        token = await conn.writer_lock.acquire(db)
-        try:
-            return await work
-        finally:
-            await asyncio.shield(conn.writer_lock.release(db, token))
-
     try:
-        return await conn.guard(locked())
+        return await conn.guard(outside_transactions(conn, work))
     finally:
         work.close()
+
+
+async def outside_transactions(conn: Connection, work: Awaitable[T]) -> T:
+    """Run ``work``, with ``serialize_writes`` under the writer lock: every transaction
+    of every store holds it, so none is open on the server meanwhile. Errors are
+    ``work``'s own (no :meth:`Connection.guard`)."""
+    if not conn.options.serialize_writes:
+        return await work
+    db = conn.database()
+    token = await conn.writer_lock.acquire(db)
+    try:
+        return await work
+    finally:
+        await asyncio.shield(conn.writer_lock.release(db, token))
 
 
 async def check_transactions(conn: Connection, db: AsyncDatabase[Doc]) -> None:
