@@ -1,6 +1,7 @@
 """Where a taskmill-postgres task's time goes: the worker's Python against the server.
 
-For each ``--setting concurrency:prefetch:finish_window``, one worker in this process
+For each ``--setting concurrency:prefetch:finish_window`` (with ``throughput.py``'s
+``:delete`` and ``:batch=N`` suffixes), one worker in this process
 drains ``--tasks`` no-op tasks (enqueued first, in a schema of the run's own, dropped
 afterwards), and the script measures over the drain alone:
 
@@ -8,8 +9,9 @@ afterwards), and the script measures over the drain alone:
 - the PostgreSQL server's CPU time: the postmaster and every process it forked, read
   from ``/proc`` (so the server must run on this machine, its data directory readable:
   run as root or as the server's user);
-- with the ``pg_stat_statements`` extension loaded (``shared_preload_libraries``), the
-  execution time of the claim and finish statements and the WAL they wrote, per task;
+- with the ``pg_stat_statements`` extension installed and loaded
+  (``shared_preload_libraries``), the execution time of the claim and finish
+  statements and the WAL they wrote, per task;
 - the CPU share of a core of the two busiest server processes (the claiming and the
   finishing backends). With ``worker_flow.py``'s share of the drain in which each call
   is in flight, this says who waits.

@@ -3,7 +3,8 @@
 One worker in this process drains ``--tasks`` no-op tasks (enqueued first) on the store
 ``--url`` names (a PostgreSQL URL is given a schema of its own, dropped afterwards;
 ``sqlite://`` is a fresh file; any other URL is used as it is), at each
-``--setting concurrency:prefetch:finish_window``. The script wraps the store's
+``--setting concurrency:prefetch:finish_window`` (``throughput.py``'s ``:delete`` and
+``:batch=N`` suffixes too). The script wraps the store's
 ``claim_batch`` and ``finish_batch_applied`` (timing only: the real calls run) and
 reports, over the drain, the share of the wall time in which a claim was in flight, a
 finish was, both were at once, and neither; the calls' count and mean size; and the
